@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# Builds the control-plane binaries that controller-runtime's envtest needs
+# (kube-apiserver, etcd, kubectl) from source via the Go module proxy, and
+# prints the directory holding them:
+#
+#   export KUBEBUILDER_ASSETS="$(hack/envtest-assets.sh)"
+#
+# Why build instead of `setup-envtest use`: setup-envtest downloads release
+# tarballs from GitHub / storage.googleapis.com, which are not reachable from
+# every environment we run in, while the Go module proxy is.
+#
+# Output goes into the very directory setup-envtest itself would use
+#   ${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest/k8s/<ver>-<os>-<arch>
+# so both tools share one cache and envtest's BinaryAssetsDirectory lookup
+# finds it. The directory is keyed by the Kubernetes version only (that is
+# setup-envtest's layout); the etcd version is checked per binary instead.
+#
+# Idempotent: if every binary already exists and reports the wanted version,
+# nothing is built and the script returns in about a second. A cold build
+# takes a few minutes (kube-apiserver dominates); the shared GOMODCACHE and
+# GOCACHE make rebuilds after a version bump much faster.
+#
+# Environment:
+#   ENVTEST_K8S_VERSION  Kubernetes version to build (default 1.37.2)
+#   ETCD_VERSION         etcd version to build (default 3.6.16)
+#   XDG_DATA_HOME        base of the output directory (see above)
+#
+# stdout carries only the assets directory; all progress/logging goes to
+# stderr. To force a rebuild, delete the printed directory.
+set -euo pipefail
+
+ENVTEST_K8S_VERSION="${ENVTEST_K8S_VERSION:-1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
+
+# Accept both "1.37.2" and "v1.37.2".
+K8S_VERSION="${ENVTEST_K8S_VERSION#v}"
+ETCD_VERSION="${ETCD_VERSION#v}"
+# The staging repos (k8s.io/api, k8s.io/client-go, ...) are tagged v0.X.Y for
+# Kubernetes v1.X.Y.
+STAGING_VERSION="v0.${K8S_VERSION#*.}"
+
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 0
+fi
+
+# Keep the real stdout on fd 3 for the final result and send everything else
+# (including the go tool's own chatter) to stderr.
+exec 3>&1 1>&2
+
+log() { printf 'envtest-assets: %s\n' "$*" >&2; }
+
+STEP="startup"
+WORK=""          # scratch dir for the throwaway Go modules
+STAGE=""         # new assets dir, renamed into place when complete
+HEARTBEAT_PID=""
+on_exit() {
+  local rc=$?
+  [[ -n "${HEARTBEAT_PID}" ]] && kill "${HEARTBEAT_PID}" 2>/dev/null || true
+  # Go marks module files read-only; nothing of ours should be, but be safe.
+  [[ -n "${WORK}" && -d "${WORK}" ]] && { chmod -R u+w "${WORK}" 2>/dev/null; rm -rf "${WORK}"; }
+  [[ -n "${STAGE}" && -d "${STAGE}" ]] && rm -rf "${STAGE}"
+  if (( rc != 0 )); then
+    log "FAILED during step: ${STEP} (exit code ${rc})"
+  fi
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+command -v go >/dev/null || { echo "envtest-assets: go not found in PATH" >&2; exit 1; }
+
+# Run "$@" while printing a "still working" line every 20s, so long silent
+# steps (module downloads, the kube-apiserver link) visibly make progress.
+with_heartbeat() {
+  local label="$1"; shift
+  local start; start=$(date +%s)
+  # The ticker closes fd 3 and kills its own sleep when stopped, so no stray
+  # process keeps `$(hack/envtest-assets.sh)` or a log pipe waiting.
+  (
+    exec 3>&-
+    sleeper=""
+    trap '[[ -n "${sleeper}" ]] && kill "${sleeper}" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 20 & sleeper=$!
+      wait "${sleeper}"
+      log "... still ${label} ($(( $(date +%s) - start ))s)"
+    done
+  ) &
+  HEARTBEAT_PID=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "${HEARTBEAT_PID}" 2>/dev/null || true
+  wait "${HEARTBEAT_PID}" 2>/dev/null || true
+  HEARTBEAT_PID=""
+  (( rc == 0 )) && log "${label}: done in $(( $(date +%s) - start ))s"
+  return "${rc}"
+}
+
+# Prints the body of every `<verb>` directive of a go.mod file, one entry per
+# line, for both the single-line form and the `<verb> ( ... )` block form.
+modfile_entries() {
+  local file="$1" verb="$2"
+  awk -v verb="${verb}" '
+    { sub(/\/\/.*/, "") }                                   # strip comments
+    inblock && /^[[:space:]]*\)/ { inblock = 0; next }
+    inblock { gsub(/^[[:space:]]+|[[:space:]]+$/, ""); if ($0 != "") print; next }
+    $1 == verb && $2 == "(" { inblock = 1; next }
+    $1 == verb { sub("^[[:space:]]*" verb "[[:space:]]+", ""); gsub(/[[:space:]]+$/, ""); print }
+  ' "${file}"
+}
+
+# check_version <binary> <expected substring> <args...>: true if the binary
+# exists, runs, and its version output mentions the expected version.
+check_version() {
+  local bin="$1" want="$2"; shift 2
+  [[ -x "${bin}" ]] || return 1
+  local out
+  out=$("${bin}" "$@" 2>&1) || return 1
+  grep -qF -- "${want}" <<<"${out}"
+}
+
+export GOOS GOARCH
+GOOS=$(go env GOOS)
+GOARCH=$(go env GOARCH)
+# Static, small binaries; the throwaway modules must not pick up a go.work
+# from an enclosing directory.
+export CGO_ENABLED=0 GOWORK=off
+
+ENVTEST_ROOT="${XDG_DATA_HOME:-${HOME}/.local/share}/kubebuilder-envtest"
+ASSETS_DIR="${ENVTEST_ROOT}/k8s/${K8S_VERSION}-${GOOS}-${GOARCH}"
+
+have_k8s() {
+  check_version "$1/kube-apiserver" "Kubernetes v${K8S_VERSION}" --version &&
+    check_version "$1/kubectl" "Client Version: v${K8S_VERSION}" version --client
+}
+have_etcd() {
+  check_version "$1/etcd" "etcd Version: ${ETCD_VERSION}" --version
+}
+
+# Fast path: everything present and at the right version.
+STEP="checking ${ASSETS_DIR}"
+if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
+  log "up to date: kube-apiserver/kubectl v${K8S_VERSION}, etcd v${ETCD_VERSION}"
+  echo "${ASSETS_DIR}" >&3
+  exit 0
+fi
+
+mkdir -p "${ENVTEST_ROOT}/k8s"
+# Serialise concurrent runs (e.g. parallel make targets) so they don't build
+# twice or race on the final rename.
+if command -v flock >/dev/null; then
+  exec 9>"${ENVTEST_ROOT}/.apportion-envtest.lock"
+  STEP="waiting for lock ${ENVTEST_ROOT}/.apportion-envtest.lock"
+  flock 9
+  # Another run may have finished the job while we waited.
+  if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
+    log "up to date (built by a concurrent run)"
+    echo "${ASSETS_DIR}" >&3
+    exit 0
+  fi
+  # Holding the lock, any leftover staging dir is from a killed run.
+  chmod -R u+w "${ENVTEST_ROOT}"/.tmp-* 2>/dev/null || true
+  rm -rf "${ENVTEST_ROOT}"/.tmp-*
+fi
+
+# The new assets dir is assembled next to the final one (same filesystem, so
+# the final rename is atomic) but outside k8s/, where setup-envtest would
+# otherwise try to interpret it as a version.
+STAGE=$(mktemp -d "${ENVTEST_ROOT}/.tmp-${K8S_VERSION}-${GOOS}-${GOARCH}.XXXXXX")
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/apportion-envtest-build.XXXXXX")
+
+# Reuse binaries that are already fine (e.g. only ETCD_VERSION changed).
+BUILD_K8S=1 BUILD_ETCD=1
+if have_k8s "${ASSETS_DIR}"; then
+  BUILD_K8S=0; cp -p "${ASSETS_DIR}/kube-apiserver" "${ASSETS_DIR}/kubectl" "${STAGE}/"
+fi
+if have_etcd "${ASSETS_DIR}"; then
+  BUILD_ETCD=0; cp -p "${ASSETS_DIR}/etcd" "${STAGE}/"
+fi
+
+LDFLAGS_BASE="-s -w"
+
+build_k8s() {
+  local mod="${WORK}/k8s"
+  mkdir -p "${mod}"
+  cd "${mod}"
+
+  STEP="downloading k8s.io/kubernetes@v${K8S_VERSION} (module metadata)"
+  log "resolving k8s.io/kubernetes@v${K8S_VERSION}"
+  local info gomod_file info_file
+  # On failure `go mod download -json` reports the error inside the JSON.
+  info=$(go mod download -json "k8s.io/kubernetes@v${K8S_VERSION}") || { log "${info}"; return 1; }
+  gomod_file=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' <<<"${info}")
+  info_file=$(sed -n 's/^[[:space:]]*"Info": "\(.*\)",\{0,1\}$/\1/p' <<<"${info}")
+  [[ -f "${gomod_file}" ]] || { log "could not locate go.mod of k8s.io/kubernetes@v${K8S_VERSION}"; return 1; }
+
+  # k8s.io/kubernetes requires its staging modules (k8s.io/api, client-go,
+  # apiserver, ...) at the placeholder version v0.0.0 and replaces them with
+  # ./staging/src/k8s.io/<name>. Replace directives of a dependency are
+  # ignored, and the module zip does not contain staging/ (nested modules are
+  # excluded), so we must provide equivalent replaces pointing at the
+  # published v0.X.Y modules. Mirror the list from its go.mod rather than
+  # hard-coding it, since it changes between releases.
+  STEP="deriving replace directives from ${gomod_file}"
+  local -a edits=("-require=k8s.io/kubernetes@v${K8S_VERSION}")
+  local line n=0
+  while IFS= read -r line; do
+    local -a f
+    read -r -a f <<<"${line}"
+    if (( ${#f[@]} == 3 )) && [[ "${f[1]}" == "=>" && "${f[2]}" == "./staging/src/${f[0]}" ]]; then
+      edits+=("-replace=${f[0]}=${f[0]}@${STAGING_VERSION}")
+    elif (( ${#f[@]} == 4 )) && [[ "${f[1]}" == "=>" && "${f[2]}" != .* ]]; then
+      edits+=("-replace=${f[0]}=${f[2]}@${f[3]}")          # old => new ver
+    elif (( ${#f[@]} == 5 )) && [[ "${f[2]}" == "=>" && "${f[3]}" != .* ]]; then
+      edits+=("-replace=${f[0]}@${f[1]}=${f[3]}@${f[4]}")  # old ver => new ver
+    else
+      log "unsupported replace directive in k8s.io/kubernetes go.mod: ${line}"
+      return 1
+    fi
+    n=$((n + 1))
+  done < <(modfile_entries "${gomod_file}" replace)
+  (( n > 0 )) || { log "found no replace directives in ${gomod_file}; parsing failed?"; return 1; }
+  log "mirroring ${n} replace directives (staging modules -> ${STAGING_VERSION})"
+  # Same GODEBUG defaults as the upstream build (e.g. `godebug default=go1.26`).
+  while IFS= read -r line; do
+    edits+=("-godebug=${line}")
+  done < <(modfile_entries "${gomod_file}" godebug)
+
+  STEP="creating throwaway module for k8s.io/kubernetes"
+  go mod init apportion.local/envtest-k8s
+  go mod edit "${edits[@]}"
+
+  STEP="downloading dependencies of kube-apiserver and kubectl"
+  with_heartbeat "downloading kube-apiserver/kubectl dependencies" \
+    go get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "k8s.io/kubernetes/cmd/kubectl@v${K8S_VERSION}"
+
+  # Version stamping, as kubernetes' hack/lib/version.sh does; without it the
+  # binaries report v0.0.0-master. buildDate is the release's commit time, so
+  # the output is reproducible.
+  local build_date minor patch
+  build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "${info_file}")
+  minor="${K8S_VERSION#*.}"; minor="${minor%%.*}"
+  local -a ld=()
+  local kv pkg
+  for kv in "gitVersion=v${K8S_VERSION}" "gitMajor=${K8S_VERSION%%.*}" "gitMinor=${minor}" "buildDate=${build_date:-1970-01-01T00:00:00Z}"; do
+    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+      ld+=("-X ${pkg}.${kv}")
+    done
+  done
+
+  STEP="building kube-apiserver and kubectl v${K8S_VERSION}"
+  with_heartbeat "building kube-apiserver + kubectl (takes a few minutes)" \
+    go build -trimpath -ldflags "${LDFLAGS_BASE} ${ld[*]}" -o "${STAGE}/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  local mod="${WORK}/etcd"
+  mkdir -p "${mod}"
+  cd "${mod}"
+
+  # go.etcd.io/etcd/v3 (the repo root, home of etcd's real main) carries
+  # replace directives, so `go install ...@version` refuses it. Its main is
+  # just etcdmain.Main(os.Args); reproduce that in a throwaway module.
+  STEP="creating throwaway module for etcd"
+  go mod init apportion.local/envtest-etcd
+  cat >main.go <<'EOF'
+// Command etcd is etcd's own main, built from the published server module.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+
+  STEP="downloading go.etcd.io/etcd/server/v3@v${ETCD_VERSION}"
+  with_heartbeat "downloading etcd dependencies" \
+    go get "go.etcd.io/etcd/server/v3/etcdmain@v${ETCD_VERSION}"
+
+  STEP="building etcd v${ETCD_VERSION}"
+  with_heartbeat "building etcd" \
+    go build -trimpath -ldflags "${LDFLAGS_BASE}" -o "${STAGE}/etcd" .
+}
+
+if (( BUILD_ETCD )); then build_etcd; fi
+if (( BUILD_K8S )); then build_k8s; fi
+cd /
+
+STEP="verifying built binaries"
+have_k8s "${STAGE}" || { log "kube-apiserver/kubectl in ${STAGE} do not report v${K8S_VERSION}"; exit 1; }
+have_etcd "${STAGE}" || { log "etcd in ${STAGE} does not report ${ETCD_VERSION}"; exit 1; }
+chmod 0755 "${STAGE}"
+
+# Swap the complete directory into place. A rename is atomic, so readers see
+# either the old directory, nothing, or the complete new one -- never a half
+# built one.
+STEP="installing into ${ASSETS_DIR}"
+if [[ -e "${ASSETS_DIR}" ]]; then
+  OLD="${STAGE}.old"
+  mv "${ASSETS_DIR}" "${OLD}"
+  mv "${STAGE}" "${ASSETS_DIR}"
+  chmod -R u+w "${OLD}"   # setup-envtest leaves its downloads read-only
+  rm -rf "${OLD}"
+else
+  mv "${STAGE}" "${ASSETS_DIR}"
+fi
+STAGE=""
+
+log "installed: $(du -sh "${ASSETS_DIR}" | cut -f1) in ${ASSETS_DIR}"
+echo "${ASSETS_DIR}" >&3

@@ -1,0 +1,247 @@
+// Package control is the agent's control API: the HTTP handler of the control port, which the
+// manager reaches on the pod IP (default :15000) and the kubelet probes.
+//
+// Endpoints and every outcome:
+//
+//	PUT /v1/assignment   authenticated. Body: one JSON Assignment (at most MaxBodyBytes).
+//	                     200 application/json State: applied atomically, or a lease renewal
+//	                         (same epoch and generation). This State is the ack: the manager
+//	                         reads InFlight and EffectivePermits from it.
+//	                     400 problem+json, code invalid-assignment: not valid; "errors" lists
+//	                         every field as "path: message". Nothing was applied.
+//	                     409 problem+json, code stale-assignment: (epoch, generation) is below
+//	                         the pair held; "state" is the agent's State. Nothing was applied.
+//	                     413 body-too-large, 415 unsupported-media-type (a Content-Type other
+//	                         than application/json).
+//	GET /v1/state        authenticated. 200 application/json State.
+//	GET /healthz         200 "ok" while the process serves (liveness).
+//	GET /readyz          200 "ready" once an assignment or the bootstrap file was applied and
+//	                     until shutdown starts; 503 otherwise.
+//	GET /metrics         Prometheus exposition of the agent's own registry.
+//
+// Authentication (package assignment: Sign/Verify): a request without an
+// "Authorization: Apportion-HMAC-SHA256 ..." header gets 401 (code unauthenticated); a forged
+// signature, unknown key id or a timestamp more than 2 minutes off gets 403 (code forbidden).
+// Both are logged at warn with the reason and the key id, never a secret. Authentication is
+// checked before the body is parsed. An unknown path gets 404, a wrong method 405 with Allow.
+package control
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+
+	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// ErrStale is what Backend.Apply returns (wrapped or not) for a stale (epoch, generation).
+var ErrStale = errors.New("stale assignment")
+
+// Backend is what the control API drives.
+type Backend interface {
+	// Apply applies a validated assignment, or renews the lease when the pair is the one held.
+	// It returns the State after the call; for a stale pair an error wrapping ErrStale and the
+	// State held.
+	Apply(a *assignment.Assignment) (assignment.State, error)
+	// State is the current State.
+	State() assignment.State
+	// Ready reports readiness.
+	Ready() bool
+}
+
+// Options configure the handler.
+type Options struct {
+	Backend Backend
+	// Keys verifies requests; nil disables authentication (--insecure-no-auth).
+	Keys *assignment.KeySet
+	// Clock is the time for signature checks; nil means the real clock.
+	Clock clock.Clock
+	// Metrics serves GET /metrics; nil answers 404.
+	Metrics http.Handler
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// MaxBodyBytes caps an assignment; 0 means assignment.DefaultMaxBytes.
+	MaxBodyBytes int64
+}
+
+type handler struct {
+	o   Options
+	log *slog.Logger
+}
+
+// New returns the control API handler.
+func New(o Options) http.Handler {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = assignment.DefaultMaxBytes
+	}
+	h := &handler{o: o, log: o.Logger}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	return h
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/healthz":
+		if !h.method(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		text(w, http.StatusOK, "ok\n")
+	case "/readyz":
+		if !h.method(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		if h.o.Backend.Ready() {
+			text(w, http.StatusOK, "ready\n")
+		} else {
+			text(w, http.StatusServiceUnavailable, "not ready\n")
+		}
+	case "/metrics":
+		if h.o.Metrics == nil {
+			h.problem(w, http.StatusNotFound, assignment.Problem{Title: "Not found", Code: assignment.CodeNotFound})
+			return
+		}
+		h.o.Metrics.ServeHTTP(w, r)
+	case assignment.PathAssignment:
+		if !h.method(w, r, http.MethodPut) {
+			return
+		}
+		h.putAssignment(w, r)
+	case assignment.PathState:
+		if !h.method(w, r, http.MethodGet) {
+			return
+		}
+		if !h.authenticate(w, r, nil) {
+			return
+		}
+		writeJSON(w, http.StatusOK, h.o.Backend.State())
+	default:
+		h.problem(w, http.StatusNotFound, assignment.Problem{Title: "Not found", Code: assignment.CodeNotFound,
+			Detail: "the control API serves " + assignment.PathAssignment + ", " + assignment.PathState + ", /healthz, /readyz and /metrics"})
+	}
+}
+
+func (h *handler) method(w http.ResponseWriter, r *http.Request, allowed ...string) bool {
+	for _, m := range allowed {
+		if r.Method == m {
+			return true
+		}
+	}
+	allow := allowed[0]
+	for _, m := range allowed[1:] {
+		allow += ", " + m
+	}
+	w.Header().Set("Allow", allow)
+	h.problem(w, http.StatusMethodNotAllowed, assignment.Problem{Title: "Method not allowed", Code: assignment.CodeMethodNotAllowed,
+		Detail: r.URL.Path + " takes " + allow})
+	return false
+}
+
+// authenticate verifies the signature over body and answers 401/403 when it fails.
+func (h *handler) authenticate(w http.ResponseWriter, r *http.Request, body []byte) bool {
+	if h.o.Keys == nil {
+		return true
+	}
+	err := assignment.Verify(r, body, *h.o.Keys, h.o.Clock.Now())
+	if err == nil {
+		return true
+	}
+	h.log.Warn("control request refused", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", err.Error())
+	if errors.Is(err, assignment.ErrMissingCredentials) {
+		w.Header().Set("WWW-Authenticate", assignment.AuthScheme)
+		h.problem(w, http.StatusUnauthorized, assignment.Problem{Title: "Unauthenticated", Code: assignment.CodeUnauthenticated,
+			Detail: "control requests must carry an " + assignment.AuthScheme + " Authorization header"})
+		return false
+	}
+	h.problem(w, http.StatusForbidden, assignment.Problem{Title: "Forbidden", Code: assignment.CodeForbidden,
+		Detail: "the request signature is invalid or expired"})
+	return false
+}
+
+func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			h.problem(w, http.StatusUnsupportedMediaType, assignment.Problem{Title: "Unsupported media type",
+				Code: assignment.CodeUnsupportedMedia, Detail: "an assignment is application/json"})
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.o.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			h.problem(w, http.StatusRequestEntityTooLarge, assignment.Problem{Title: "Assignment too large",
+				Code: assignment.CodeTooLarge, Detail: "an assignment is at most " + strconv.FormatInt(h.o.MaxBodyBytes, 10) + " bytes"})
+			return
+		}
+		h.log.Debug("reading an assignment failed", "remote", r.RemoteAddr, "err", err)
+		h.problem(w, http.StatusBadRequest, assignment.Problem{Title: "Unreadable body", Code: assignment.CodeInvalidAssignment, Detail: err.Error()})
+		return
+	}
+	if !h.authenticate(w, r, body) {
+		return
+	}
+	a, err := assignment.Decode(bytes.NewReader(body), h.o.MaxBodyBytes)
+	if err != nil {
+		p := assignment.Problem{Title: "Invalid assignment", Code: assignment.CodeInvalidAssignment,
+			Detail: "the assignment was refused; nothing was applied"}
+		for _, fe := range assignment.FieldErrors(err) {
+			p.Errors = append(p.Errors, fe.Error())
+		}
+		if len(p.Errors) == 0 {
+			p.Errors = []string{err.Error()}
+		}
+		h.log.Warn("invalid assignment refused", "remote", r.RemoteAddr, "errors", p.Errors)
+		h.problem(w, http.StatusBadRequest, p)
+		return
+	}
+	st, err := h.o.Backend.Apply(a)
+	if err != nil {
+		if errors.Is(err, ErrStale) {
+			h.log.Info("stale assignment refused", "remote", r.RemoteAddr,
+				"pushedEpoch", a.Epoch, "pushedGeneration", a.Generation, "heldEpoch", st.Epoch, "heldGeneration", st.Generation)
+			h.problem(w, http.StatusConflict, assignment.Problem{Title: "Stale assignment", Code: assignment.CodeStaleAssignment,
+				Detail: "the agent holds a newer (epoch, generation)", State: &st})
+			return
+		}
+		h.log.Error("applying an assignment failed", "err", err)
+		h.problem(w, http.StatusInternalServerError, assignment.Problem{Title: "Internal error", Detail: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (h *handler) problem(w http.ResponseWriter, status int, p assignment.Problem) {
+	p.Status = status
+	b, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func text(w http.ResponseWriter, status int, s string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, s)
+}

@@ -1,0 +1,311 @@
+// Package metrics holds the agent's Prometheus metrics, in a registry the agent owns (never the
+// global default one).
+//
+// Model: counters and histograms are updated on the request path through per-downstream
+// children that are looked up once, when a downstream is configured (Metrics.Downstream), so a
+// request costs a few atomic adds and no label hashing. Gauges that mirror state (in flight,
+// waiting, effective permits, breaker state, switch activity, lease, generation, peak rate) are
+// not updated on the request path at all: a collector reads them from a Source when Prometheus
+// scrapes.
+//
+// Every series has the prefix apportion_agent_ and, except the agent-wide ones, the label
+// downstream:
+//
+//	inflight, waiting, permits                   gauges (permits: the effective limit)
+//	requests_total                               every call addressed to a known downstream
+//	rejected_total{reason}                       calls not forwarded: no-permit, rate-limited,
+//	                                             circuit-open, degraded
+//	fallback_total{action}                       answers given instead of the downstream's:
+//	                                             reject, static, serve-stale
+//	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
+//	                                             connection error)
+//	upstream_429_total                           upstream 429s passed through
+//	upstream_duration_seconds                    histogram, to the response header (or error)
+//	acquire_wait_seconds                         histogram, rate wait + permit wait of forwarded calls
+//	breaker_state                                gauge 0 closed, 1 open, 2 half-open
+//	breaker_transitions_total{from,to}
+//	degrade_switch_active{switch}                gauge 0/1
+//	peak_rps_last_minute                         gauge, highest 1-second count of the last 60 s
+//	lease_expired, config_generation             agent-wide gauges (no label)
+//
+// Forget removes a downstream's series when it leaves the configuration; calls still in flight
+// for it update orphaned children, which is harmless.
+package metrics
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const namespace = "apportion_agent"
+
+// Reasons a call is not forwarded, as label values; the index is what Downstream.Rejected takes.
+var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded"}
+
+// Actions of a fallback answer, as label values; the index is what Downstream.Fallback takes.
+var Actions = []string{"reject", "static", "serve-stale"}
+
+// Response classes; the index is what Downstream.Upstream takes (ClassError for no response).
+var Classes = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
+
+// Indexes into Reasons, Actions and Classes.
+const (
+	ReasonNoPermit = iota
+	ReasonRateLimited
+	ReasonCircuitOpen
+	ReasonDegraded
+)
+
+const (
+	ActionReject = iota
+	ActionStatic
+	ActionServeStale
+)
+
+// ClassError is the Classes index of a call that got no response.
+const ClassError = 5
+
+// ClassOf returns the Classes index of an HTTP status.
+func ClassOf(status int) int {
+	if status < 100 || status > 599 {
+		return ClassError
+	}
+	return status/100 - 1
+}
+
+// Snapshot is the state the gauges show, read at scrape time.
+type Snapshot struct {
+	Generation   int64
+	LeaseExpired bool
+	Downstreams  []DownstreamSnapshot
+	Switches     []SwitchSnapshot
+}
+
+// DownstreamSnapshot is one downstream's gauges.
+type DownstreamSnapshot struct {
+	Name                       string
+	InFlight, Waiting, Permits int
+	// Breaker is 0 closed, 1 open, 2 half-open; -1 when the downstream has no breaker.
+	Breaker int
+	PeakRPS int64
+}
+
+// SwitchSnapshot is one degrade switch.
+type SwitchSnapshot struct {
+	Downstream, Name string
+	Active           bool
+}
+
+// Source provides the snapshot; it is called once per scrape.
+type Source interface {
+	MetricsSnapshot() Snapshot
+}
+
+// Metrics is the agent's metrics.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	requests, upstream429         *prometheus.CounterVec
+	rejected, fallback, upstream  *prometheus.CounterVec
+	transitions                   *prometheus.CounterVec
+	upstreamDuration, acquireWait *prometheus.HistogramVec
+	source                        atomic.Pointer[Source]
+	inflightD, waitingD, permitsD *prometheus.Desc
+	breakerD, switchD, peakD      *prometheus.Desc
+	leaseExpiredD, generationD    *prometheus.Desc
+}
+
+// New creates the metrics in a new registry, with the Go and process collectors. Gauges read
+// from the Source set with SetSource.
+func New() *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry()}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, append([]string{"downstream"}, labels...))
+		m.Registry.MustRegister(v)
+		return v
+	}
+	m.requests = cv("requests_total", "Calls addressed to the downstream.")
+	m.rejected = cv("rejected_total", "Calls not forwarded to the downstream, by reason.", "reason")
+	m.fallback = cv("fallback_total", "Fallback answers given instead of the downstream's, by action.", "action")
+	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
+	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
+	m.transitions = cv("breaker_transitions_total", "Circuit breaker state transitions.", "from", "to")
+	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "upstream_duration_seconds",
+		Help:    "Time from forwarding a call to the upstream's response header, or to the error.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"downstream"})
+	m.acquireWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "acquire_wait_seconds",
+		Help:    "Time a forwarded call waited for a rate token and a permit.",
+		Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	}, []string{"downstream"})
+	m.Registry.MustRegister(m.upstreamDuration, m.acquireWait)
+
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+	}
+	m.inflightD = d("inflight", "Calls holding a permit.", "downstream")
+	m.waitingD = d("waiting", "Calls waiting for a permit.", "downstream")
+	m.permitsD = d("permits", "Effective in-flight limit (lower than assigned after the lease expired).", "downstream")
+	m.breakerD = d("breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", "downstream")
+	m.switchD = d("degrade_switch_active", "Whether a degrade switch is in force (1) or not (0).", "downstream", "switch")
+	m.peakD = d("peak_rps_last_minute", "Highest number of calls in one second within the last 60 seconds.", "downstream")
+	m.leaseExpiredD = d("lease_expired", "1 when the agent runs on safe defaults because its lease passed.")
+	m.generationD = d("config_generation", "Generation of the assignment in force (0 for bootstrap or none).")
+	m.Registry.MustRegister(stateCollector{m},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// SetSource sets where the gauges are read from.
+func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
+
+// Downstream is one downstream's pre-resolved children.
+type Downstream struct {
+	Requests         prometheus.Counter
+	Rejected         [4]prometheus.Counter // by Reason*
+	Fallback         [3]prometheus.Counter // by Action*
+	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
+	Upstream429      prometheus.Counter
+	UpstreamDuration prometheus.Observer
+	AcquireWait      prometheus.Observer
+	// Peak counts calls per second for peak_rps_last_minute.
+	Peak Peak
+
+	name string
+	m    *Metrics
+}
+
+// Downstream resolves the children of one downstream. Call it when the downstream is
+// configured, not per request.
+func (m *Metrics) Downstream(name string) *Downstream {
+	d := &Downstream{
+		name:             name,
+		m:                m,
+		Requests:         m.requests.WithLabelValues(name),
+		Upstream429:      m.upstream429.WithLabelValues(name),
+		UpstreamDuration: m.upstreamDuration.WithLabelValues(name),
+		AcquireWait:      m.acquireWait.WithLabelValues(name),
+	}
+	for i, r := range Reasons {
+		d.Rejected[i] = m.rejected.WithLabelValues(name, r)
+	}
+	for i, a := range Actions {
+		d.Fallback[i] = m.fallback.WithLabelValues(name, a)
+	}
+	for i, c := range Classes {
+		d.Upstream[i] = m.upstream.WithLabelValues(name, c)
+	}
+	return d
+}
+
+// Transition counts a breaker transition of this downstream.
+func (d *Downstream) Transition(from, to string) {
+	d.m.transitions.WithLabelValues(d.name, from, to).Inc()
+}
+
+// Forget deletes every series of a downstream that left the configuration.
+func (m *Metrics) Forget(name string) {
+	l := prometheus.Labels{"downstream": name}
+	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.transitions} {
+		v.DeletePartialMatch(l)
+	}
+	m.upstreamDuration.DeletePartialMatch(l)
+	m.acquireWait.DeletePartialMatch(l)
+}
+
+type stateCollector struct{ m *Metrics }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.m.inflightD, c.m.waitingD, c.m.permitsD, c.m.breakerD, c.m.switchD, c.m.peakD, c.m.leaseExpiredD, c.m.generationD} {
+		ch <- d
+	}
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	sp := c.m.source.Load()
+	if sp == nil {
+		return
+	}
+	s := (*sp).MetricsSnapshot()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	g(c.m.leaseExpiredD, b2f(s.LeaseExpired))
+	g(c.m.generationD, float64(s.Generation))
+	for _, d := range s.Downstreams {
+		g(c.m.inflightD, float64(d.InFlight), d.Name)
+		g(c.m.waitingD, float64(d.Waiting), d.Name)
+		g(c.m.permitsD, float64(d.Permits), d.Name)
+		g(c.m.peakD, float64(d.PeakRPS), d.Name)
+		if d.Breaker >= 0 {
+			g(c.m.breakerD, float64(d.Breaker), d.Name)
+		}
+	}
+	for _, sw := range s.Switches {
+		g(c.m.switchD, b2f(sw.Active), sw.Downstream, sw.Name)
+	}
+}
+
+// Peak is a ring of 60 one-second counters. Each slot packs the second it counts (its low 40
+// bits) and the count (24 bits, saturating) into one word, so Add is a lock-free CAS loop and a
+// slot left over from an older second is recognised and restarted.
+type Peak struct {
+	slots [60]atomic.Uint64
+}
+
+const (
+	peakCountBits = 24
+	peakCountMax  = 1<<peakCountBits - 1
+	peakSecMask   = 1<<40 - 1
+)
+
+// Add counts one call at now.
+func (p *Peak) Add(now time.Time) {
+	sec := uint64(now.Unix())
+	s := &p.slots[sec%60]
+	tag := sec & peakSecMask
+	for {
+		v := s.Load()
+		var nv uint64
+		if v>>peakCountBits == tag {
+			if v&peakCountMax == peakCountMax {
+				return
+			}
+			nv = v + 1
+		} else {
+			nv = tag<<peakCountBits | 1
+		}
+		if s.CompareAndSwap(v, nv) {
+			return
+		}
+	}
+}
+
+// Max returns the highest count of the 60 seconds ending with now's second.
+func (p *Peak) Max(now time.Time) int64 {
+	sec := uint64(now.Unix())
+	var best uint64
+	for i := range p.slots {
+		v := p.slots[i].Load()
+		s := v >> peakCountBits
+		cur := sec & peakSecMask
+		if cur-s < 60 && s <= cur { // within the last 60 seconds
+			if n := v & peakCountMax; n > best {
+				best = n
+			}
+		}
+	}
+	return int64(best)
+}

@@ -1,0 +1,174 @@
+// Package assignment holds the messages the manager and the agents exchange on the agent's
+// control port: the desired configuration the manager pushes to one pod (Assignment) and the
+// state the agent answers with (State). The wire format is JSON; durations are Go duration
+// strings ("200ms") and times are RFC 3339.
+//
+// Fencing: an agent accepts an Assignment only if (Epoch, Generation) is not lower than the pair
+// it holds, comparing Epoch first. Epoch identifies a manager incarnation and only grows across
+// manager restarts and leader changes; Generation grows with every change the manager makes for
+// that pod within one epoch. A push with the same pair as the one held is a lease renewal.
+// A stale pair is refused with 409 Conflict and the agent's current State (in the "state" member
+// of the application/problem+json answer, see Problem).
+//
+// Besides the types, the package holds what both ends of the control API share: strict decoding
+// and validation (Decode, Validate), request signing (Sign, Verify, LoadKeyDir) and the
+// manager's client (Client).
+package assignment
+
+import (
+	"time"
+)
+
+// Assignment is the whole desired configuration of one agent. It replaces the previous one
+// entirely: a downstream or switch that is absent is removed.
+type Assignment struct {
+	// Epoch is the manager incarnation that wrote this assignment (fencing token).
+	Epoch int64 `json:"epoch"`
+	// Generation orders this pod's assignments within one epoch.
+	Generation int64 `json:"generation"`
+	// LeaseTTL is how long the assignment holds from the moment the agent accepts it. When it
+	// passes without renewal every downstream drops to min(Permits, SafeDefaultPermits).
+	LeaseTTL Duration `json:"leaseTTL"`
+	// Downstreams the pod may call, by name.
+	Downstreams []Downstream `json:"downstreams"`
+	// Switches are the degrade switches in force for this pod.
+	Switches []Switch `json:"switches,omitempty"`
+}
+
+// Downstream is one downstream's enforcement in this pod.
+type Downstream struct {
+	// Name addresses the downstream: the app calls http://127.0.0.1:PORT/<Name>/<path>.
+	// It is the DownstreamQuota's name; [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters.
+	Name string `json:"name"`
+	// Upstream is the absolute http(s) URL calls are forwarded to; the request path is appended
+	// to its path.
+	Upstream string `json:"upstream"`
+	// Permits is the pod's in-flight limit for this downstream (>= 0).
+	Permits int32 `json:"permits"`
+	// SafeDefaultPermits is what the pod falls back to when the lease expires (>= 0). The agent
+	// uses min(Permits, SafeDefaultPermits), so a pod never holds more than it was granted.
+	SafeDefaultPermits int32 `json:"safeDefaultPermits"`
+	// FailClosed makes the agent answer every call with the fallback when the lease expired,
+	// instead of using SafeDefaultPermits.
+	FailClosed bool `json:"failClosed,omitempty"`
+	// AcquireTimeout bounds the wait for a permit (and for a rate token); 1ms..5s.
+	AcquireTimeout Duration `json:"acquireTimeout"`
+	// RequestTimeout bounds one call to the upstream; 10ms..10m.
+	RequestTimeout Duration `json:"requestTimeout"`
+	// Rate is the pod's share of the rate contract; nil means no rate limit.
+	Rate *Rate `json:"rate,omitempty"`
+	// Breaker configures the circuit breaker; nil means none.
+	Breaker *Breaker `json:"breaker,omitempty"`
+	// Fallback is the answer when no permit, no token or an open breaker stops a call.
+	Fallback Fallback `json:"fallback"`
+}
+
+// Rate is a per-pod rate limit.
+type Rate struct {
+	// PerSecond is the steady rate (> 0).
+	PerSecond float64 `json:"perSecond"`
+	// Burst is the bucket size for TokenBucket (>= 1); Pacing ignores it.
+	Burst int32 `json:"burst"`
+	// Mode is "TokenBucket" or "Pacing".
+	Mode string `json:"mode"`
+}
+
+// Breaker configures a circuit breaker.
+type Breaker struct {
+	Window              Duration `json:"window"`
+	FailureRatePercent  int32    `json:"failureRatePercent"`
+	SlowCallThreshold   Duration `json:"slowCallThreshold"`
+	SlowCallRatePercent int32    `json:"slowCallRatePercent"`
+	MinimumCalls        int32    `json:"minimumCalls"`
+	OpenDuration        Duration `json:"openDuration"`
+	HalfOpenProbes      int32    `json:"halfOpenProbes"`
+}
+
+// Fallback is a fallback action and its parameters.
+type Fallback struct {
+	// Action is "Reject", "Static" or "ServeStale".
+	Action string `json:"action"`
+	// Static is the canned answer of the Static action.
+	Static *StaticResponse `json:"static,omitempty"`
+	// MaxStaleness bounds the age of a response ServeStale may serve.
+	MaxStaleness Duration `json:"maxStaleness,omitempty"`
+	// AllowedMethods may be answered with success by Static and ServeStale; empty means GET,
+	// HEAD and OPTIONS.
+	AllowedMethods []string `json:"allowedMethods,omitempty"`
+}
+
+// StaticResponse is a canned answer.
+type StaticResponse struct {
+	Status  int32             `json:"status"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    string            `json:"body,omitempty"`
+}
+
+// Switch is a degrade switch: calls to Downstream that match the scope are answered with Action
+// until ExpiresAt, when the agent turns the switch off by itself.
+type Switch struct {
+	// Name identifies the switch, "<namespace>/<DegradeRule name>".
+	Name string `json:"name"`
+	// Downstream is the Downstream.Name it degrades.
+	Downstream string `json:"downstream"`
+	// ExpiresAt is when the switch turns itself off.
+	ExpiresAt time.Time `json:"expiresAt"`
+	// Percent of traffic (1..100), picked per value of KeyHeader when below 100.
+	Percent int32 `json:"percent"`
+	// KeyHeader names the header whose value picks the share.
+	KeyHeader string `json:"keyHeader,omitempty"`
+	// Headers must all match exactly.
+	Headers []HeaderMatch `json:"headers,omitempty"`
+	// Methods limits the switch to these methods; empty means all.
+	Methods []string `json:"methods,omitempty"`
+	// Action is the answer given instead of calling the downstream.
+	Action Fallback `json:"action"`
+}
+
+// HeaderMatch matches a header by exact value.
+type HeaderMatch struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// State is an agent's answer to every control call: what it holds and uses now.
+type State struct {
+	// Epoch and Generation of the assignment held (0, 0 before the first).
+	Epoch      int64 `json:"epoch"`
+	Generation int64 `json:"generation"`
+	// Configured is true once an assignment (or the bootstrap configuration) was applied.
+	Configured bool `json:"configured"`
+	// LeaseExpiresAt is when the held lease passes without renewal; zero when none.
+	LeaseExpiresAt time.Time `json:"leaseExpiresAt,omitzero"`
+	// LeaseExpired is true when the agent runs on safe defaults because the lease passed.
+	LeaseExpired bool `json:"leaseExpired"`
+	// Downstreams, sorted by name.
+	Downstreams []DownstreamState `json:"downstreams"`
+	// Switches held, sorted by name, with whether each is in force now.
+	Switches []SwitchState `json:"switches,omitempty"`
+}
+
+// DownstreamState is one downstream's enforcement state in the agent.
+type DownstreamState struct {
+	Name string `json:"name"`
+	// Permits is the assigned in-flight limit; EffectivePermits is the limit in force now
+	// (lower after the lease expired).
+	Permits          int32 `json:"permits"`
+	EffectivePermits int32 `json:"effectivePermits"`
+	// InFlight is the number of calls holding a permit now; Waiting is queued for one.
+	InFlight int32 `json:"inFlight"`
+	Waiting  int32 `json:"waiting"`
+	// Breaker is "closed", "open", "half-open" or "" when there is none.
+	Breaker string `json:"breaker,omitempty"`
+	// Counters since the agent started.
+	Requests    int64            `json:"requests"`
+	Upstream429 int64            `json:"upstream429"`
+	Rejected    map[string]int64 `json:"rejected,omitempty"`
+}
+
+// SwitchState is one switch as the agent holds it.
+type SwitchState struct {
+	Name      string    `json:"name"`
+	Active    bool      `json:"active"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}

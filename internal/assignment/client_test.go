@@ -1,0 +1,104 @@
+package assignment
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestClient(t *testing.T) {
+	keys := mustKeySet(t, keyNew)
+	var answer func(w http.ResponseWriter, a *Assignment)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := Verify(r, body, keys, testNow); err != nil {
+			t.Errorf("server: %v", err)
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		var a *Assignment
+		if r.Method == http.MethodPut {
+			if r.URL.Path != PathAssignment || r.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("PUT %s %s", r.URL.Path, r.Header.Get("Content-Type"))
+			}
+			var err error
+			if a, err = Decode(bytes.NewReader(body), DefaultMaxBytes); err != nil {
+				t.Errorf("server decode: %v", err)
+			}
+		} else if r.URL.Path != PathState {
+			t.Errorf("GET %s", r.URL.Path)
+		}
+		answer(w, a)
+	}))
+	defer srv.Close()
+	c := &Client{HTTP: srv.Client(), Key: keyNew, Now: func() time.Time { return testNow }}
+	a, err := Decode(bytes.NewReader(validJSON(t)), DefaultMaxBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	writeJSON := func(w http.ResponseWriter, ct string, status int, v any) {
+		w.Header().Set("Content-Type", ct)
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+
+	answer = func(w http.ResponseWriter, got *Assignment) {
+		if got == nil {
+			got = a
+		}
+		writeJSON(w, "application/json", 200, State{Epoch: got.Epoch, Generation: got.Generation, Configured: true,
+			Downstreams: []DownstreamState{{Name: "payments", Permits: 12, EffectivePermits: 12, InFlight: 3}}})
+	}
+	st, err := c.Push(ctx, srv.URL+"/", a)
+	if err != nil {
+		t.Fatalf("Push: %v", err)
+	}
+	if st.Epoch != 3 || st.Generation != 17 || st.Downstreams[0].InFlight != 3 {
+		t.Fatalf("state = %+v", st)
+	}
+	if st, err = c.State(ctx, srv.URL); err != nil || !st.Configured {
+		t.Fatalf("State = %+v, %v", st, err)
+	}
+
+	answer = func(w http.ResponseWriter, _ *Assignment) {
+		writeJSON(w, "application/problem+json", 409, Problem{Title: "stale", Status: 409, Code: CodeStaleAssignment,
+			State: &State{Epoch: 4, Generation: 1, Configured: true}})
+	}
+	_, err = c.Push(ctx, srv.URL, a)
+	var stale *StaleError
+	if !errors.As(err, &stale) || stale.State.Epoch != 4 {
+		t.Fatalf("Push on 409 = %v, want *StaleError with epoch 4", err)
+	}
+
+	answer = func(w http.ResponseWriter, _ *Assignment) {
+		writeJSON(w, "application/problem+json", 400, Problem{Title: "invalid", Status: 400, Code: CodeInvalidAssignment,
+			Detail: "the assignment is invalid", Errors: []string{"downstreams[0].permits: must be between 0 and 1000000"}})
+	}
+	_, err = c.Push(ctx, srv.URL, a)
+	var se *StatusError
+	if !errors.As(err, &se) || se.StatusCode != 400 || !strings.Contains(err.Error(), "downstreams[0].permits") {
+		t.Fatalf("Push on 400 = %v", err)
+	}
+
+	answer = func(w http.ResponseWriter, _ *Assignment) { http.Error(w, "boom", 500) }
+	if _, err = c.State(ctx, srv.URL); !errors.As(err, &se) || se.StatusCode != 500 || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("State on 500 = %v", err)
+	}
+
+	// An invalid assignment is never sent.
+	bad := *a
+	bad.Epoch = 0
+	answer = func(w http.ResponseWriter, _ *Assignment) { t.Error("invalid assignment was sent") }
+	if _, err = c.Push(ctx, srv.URL, &bad); err == nil || !strings.Contains(err.Error(), "epoch") {
+		t.Fatalf("Push(invalid) = %v", err)
+	}
+}

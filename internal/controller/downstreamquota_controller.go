@@ -1,0 +1,485 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/apportion"
+	"github.com/apportion/apportion/internal/push"
+)
+
+// Pusher delivers each pod's permits to its agent and reports what the pods hold. The push
+// engine (internal/push) implements it; nil means the manager only computes and reports.
+type Pusher interface {
+	SetQuota(push.DesiredQuota)
+	DeleteQuota(types.NamespacedName)
+	Report(types.NamespacedName) push.Report
+}
+
+// DownstreamQuotaReconciler recomputes every pod's share of a DownstreamQuota whenever the
+// quota, a target workload, its HPA or its pods change, hands the shares to the Pusher and
+// writes the status.
+type DownstreamQuotaReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+	Pusher   Pusher
+	Clock    clock.PassiveClock
+	// Changes carries quota keys whose push state changed (acks, failures) so that their
+	// status is refreshed; may be nil.
+	Changes <-chan event.GenericEvent
+}
+
+// +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apportion.io,resources=degraderules,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile implements reconcile.Reconciler.
+func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var dq apportionv1.DownstreamQuota
+	if err := r.Get(ctx, req.NamespacedName, &dq); err != nil {
+		if apierrors.IsNotFound(err) {
+			if r.Pusher != nil {
+				r.Pusher.DeleteQuota(req.NamespacedName)
+			}
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+
+	obs := make([]targetObservation, len(dq.Spec.Targets))
+	for i, t := range dq.Spec.Targets {
+		o, err := r.observe(ctx, dq.Namespace, t)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		obs[i] = o
+	}
+	split := splitFor(&dq, obs)
+
+	var switches []push.TargetedSwitch
+	if r.Pusher != nil {
+		var err error
+		if switches, err = r.switchesFor(ctx, &dq); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	var report *push.Report
+	if r.Pusher != nil {
+		r.Pusher.SetQuota(desiredQuota(&dq, obs, split, switches))
+		rep := r.Pusher.Report(req.NamespacedName)
+		report = &rep
+	}
+
+	now := metav1.NewTime(r.Clock.Now())
+	status := computeStatus(&dq, obs, split, report, now)
+	if msg := rebalanceMessage(dq.Status.Targets, status.Targets); msg != "" {
+		status.LastRebalanceTime = &now
+		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
+	}
+	if report != nil && len(report.Unreachable) > 0 && !sameStrings(unreachableIn(dq.Status), report.Unreachable) {
+		r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, "PodsUnreachable", "Push",
+			"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
+	}
+	if equality.Semantic.DeepEqual(dq.Status, status) {
+		return ctrl.Result{}, nil
+	}
+	orig := dq.DeepCopy()
+	dq.Status = status
+	if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
+	return ctrl.Result{}, nil
+}
+
+// targetObservation is what the API says about one target.
+type targetObservation struct {
+	Target       apportionv1.Target
+	Found        bool
+	SpecReplicas int32
+	HPA          *apportionv1.HPAStatus
+	Pods         []corev1.Pod
+}
+
+func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t apportionv1.Target) (targetObservation, error) {
+	o := targetObservation{Target: t}
+	var selector *metav1.LabelSelector
+	key := types.NamespacedName{Namespace: ns, Name: t.Name}
+	switch t.Kind {
+	case apportionv1.KindDeployment:
+		var d appsv1.Deployment
+		if err := r.Get(ctx, key, &d); err != nil {
+			return o, client.IgnoreNotFound(err)
+		}
+		o.Found, selector = d.DeletionTimestamp == nil, d.Spec.Selector
+		o.SpecReplicas = ptrOr(d.Spec.Replicas, 1)
+	case apportionv1.KindStatefulSet:
+		var s appsv1.StatefulSet
+		if err := r.Get(ctx, key, &s); err != nil {
+			return o, client.IgnoreNotFound(err)
+		}
+		o.Found, selector = s.DeletionTimestamp == nil, s.Spec.Selector
+		o.SpecReplicas = ptrOr(s.Spec.Replicas, 1)
+	default:
+		return o, nil
+	}
+
+	hpa, err := r.hpaFor(ctx, ns, t)
+	if err != nil {
+		return o, err
+	}
+	if hpa != nil {
+		o.HPA = &apportionv1.HPAStatus{
+			Name:            hpa.Name,
+			DesiredReplicas: hpa.Status.DesiredReplicas,
+			CurrentReplicas: hpa.Status.CurrentReplicas,
+			MaxReplicas:     hpa.Spec.MaxReplicas,
+		}
+	}
+
+	sel, err := metav1.LabelSelectorAsSelector(selector)
+	if err != nil || sel.Empty() {
+		// An empty selector would count every pod in the namespace; the workload API forbids it.
+		return o, err
+	}
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return o, err
+	}
+	for _, p := range pods.Items {
+		// A pod that finished cannot call anything; every other pod, terminating ones included, may.
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		o.Pods = append(o.Pods, p)
+	}
+	sort.Slice(o.Pods, func(i, j int) bool { return o.Pods[i].Name < o.Pods[j].Name })
+	return o, nil
+}
+
+// hpaFor finds the HPA that scales a target: the named one, or the one whose scaleTargetRef
+// names the workload (the oldest when several claim it).
+func (r *DownstreamQuotaReconciler) hpaFor(ctx context.Context, ns string, t apportionv1.Target) (*autoscalingv2.HorizontalPodAutoscaler, error) {
+	if t.HPAName != "" {
+		var hpa autoscalingv2.HorizontalPodAutoscaler
+		if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: t.HPAName}, &hpa); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		return &hpa, nil
+	}
+	var list autoscalingv2.HorizontalPodAutoscalerList
+	if err := r.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{indexHPATarget: workloadKey(string(t.Kind), t.Name)}); err != nil {
+		return nil, err
+	}
+	if len(list.Items) == 0 {
+		return nil, nil
+	}
+	sort.Slice(list.Items, func(i, j int) bool {
+		a, b := list.Items[i], list.Items[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		return a.Name < b.Name
+	})
+	return &list.Items[0], nil
+}
+
+// replicas applies apportion.Replicas to an observation.
+func (o targetObservation) replicas() int64 {
+	if !o.Found {
+		return 0
+	}
+	var desired, current int64
+	if o.HPA != nil {
+		desired, current = int64(o.HPA.DesiredReplicas), int64(o.HPA.CurrentReplicas)
+	}
+	return apportion.Replicas(desired, current, int64(o.SpecReplicas), int64(len(o.Pods)))
+}
+
+// maxReplicas is the autoscaler's bound for the safe default: HPA maxReplicas, or the replica
+// count when no HPA scales the workload.
+func (o targetObservation) maxReplicas() int64 {
+	if o.HPA != nil {
+		return max(int64(o.HPA.MaxReplicas), o.replicas())
+	}
+	return o.replicas()
+}
+
+func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportion.Result {
+	ts := make([]apportion.Target, len(obs))
+	for i, o := range obs {
+		ts[i] = apportion.Target{Weight: int64(int32Or(o.Target.Weight, 1)), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
+	}
+	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(int32Or(dq.Spec.SafetyFactorPercent, 80)), ts)
+}
+
+// desiredQuota is what every pod should hold, for the Pusher.
+func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
+	d := push.DesiredQuota{
+		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
+		Generation: dq.Generation,
+		Limit:      dq.Spec.MaxInFlight,
+		Downstream: downstreamTemplate(dq),
+		Switches:   switches,
+	}
+	factor := float64(int32Or(dq.Spec.SafetyFactorPercent, 80)) / 100
+	for i, o := range obs {
+		var rps float64
+		var burst int32
+		if rc := dq.Spec.Rate; rc != nil && split.Weighted > 0 {
+			share := factor * float64(int32Or(o.Target.Weight, 1)) / float64(split.Weighted)
+			rps = float64(rc.RequestsPerSecond) * share
+			burst = max(1, int32(float64(int32Or(rc.Burst, 1))*share))
+		}
+		for _, p := range o.Pods {
+			d.Pods = append(d.Pods, push.DesiredPod{
+				Name:          p.Name,
+				UID:           p.UID,
+				Target:        o.Target.Name,
+				Endpoint:      agentEndpoint(&p),
+				Permits:       int32(split.PerPod[i]),
+				SafeDefault:   int32(split.SafeDefault[i]),
+				RatePerSecond: rps,
+				RateBurst:     burst,
+				Terminating:   p.DeletionTimestamp != nil,
+			})
+		}
+	}
+	return d
+}
+
+// AgentPortAnnotation and AgentPortName say where a pod's agent listens for control calls: the
+// annotation's port number wins, else the container port with that name.
+const (
+	AgentPortAnnotation = "apportion.io/agent-port"
+	AgentPortName       = "apportion-ctl"
+)
+
+// agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.
+func agentEndpoint(p *corev1.Pod) string {
+	if p.Status.PodIP == "" {
+		return ""
+	}
+	port := 0
+	if v, ok := p.Annotations[AgentPortAnnotation]; ok {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
+			port = n
+		}
+	}
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if port == 0 && cp.Name == AgentPortName {
+				port = int(cp.ContainerPort)
+			}
+		}
+	}
+	if port == 0 {
+		return ""
+	}
+	host := p.Status.PodIP
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return fmt.Sprintf("http://%s:%d", host, port)
+}
+
+// switchesFor lists the degrade switches that are in force for this quota now.
+func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apportionv1.DownstreamQuota) ([]push.TargetedSwitch, error) {
+	var rules apportionv1.DegradeRuleList
+	if err := r.List(ctx, &rules, client.InNamespace(dq.Namespace), client.MatchingFields{indexRuleDownstream: dq.Name}); err != nil {
+		return nil, err
+	}
+	now := r.Clock.Now()
+	var out []push.TargetedSwitch
+	for i := range rules.Items {
+		if ts, ok := switchFor(&rules.Items[i], now); ok {
+			out = append(out, ts)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Switch.Name < out[j].Switch.Name })
+	return out, nil
+}
+
+func ptrOr(p *int32, def int32) int32 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func sameStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name
+// them through field indexes (see SetupIndexes), so no event lists every quota.
+func (r *DownstreamQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	b := ctrl.NewControllerManagedBy(mgr).
+		For(&apportionv1.DownstreamQuota{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.quotasForWorkload(apportionv1.KindDeployment)),
+			builder.WithPredicates(workloadChanged{})).
+		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.quotasForWorkload(apportionv1.KindStatefulSet)),
+			builder.WithPredicates(workloadChanged{})).
+		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, handler.EnqueueRequestsFromMapFunc(r.quotasForHPA)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.quotasForPod), builder.WithPredicates(podChanged{})).
+		Watches(&apportionv1.DegradeRule{}, handler.EnqueueRequestsFromMapFunc(quotaForRule)).
+		Named("downstreamquota")
+	if r.Changes != nil {
+		b = b.WatchesRawSource(source.Channel(r.Changes, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
+}
+
+func requestsFor(list *apportionv1.DownstreamQuotaList) []reconcile.Request {
+	out := make([]reconcile.Request, 0, len(list.Items))
+	for _, dq := range list.Items {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name}})
+	}
+	return out
+}
+
+func (r *DownstreamQuotaReconciler) quotasForWorkload(kind apportionv1.WorkloadKind) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		var list apportionv1.DownstreamQuotaList
+		if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexQuotaWorkload: workloadKey(string(kind), o.GetName())}); err != nil {
+			log.FromContext(ctx).Error(err, "mapping workload to quotas")
+			return nil
+		}
+		return requestsFor(&list)
+	}
+}
+
+func (r *DownstreamQuotaReconciler) quotasForHPA(ctx context.Context, o client.Object) []reconcile.Request {
+	hpa := o.(*autoscalingv2.HorizontalPodAutoscaler)
+	seen := map[types.NamespacedName]bool{}
+	var out []reconcile.Request
+	for _, f := range []client.MatchingFields{
+		{indexQuotaWorkload: workloadKey(hpa.Spec.ScaleTargetRef.Kind, hpa.Spec.ScaleTargetRef.Name)},
+		{indexQuotaHPA: hpa.Name},
+	} {
+		var list apportionv1.DownstreamQuotaList
+		if err := r.List(ctx, &list, client.InNamespace(hpa.Namespace), f); err != nil {
+			log.FromContext(ctx).Error(err, "mapping HPA to quotas")
+			return nil
+		}
+		for _, req := range requestsFor(&list) {
+			if !seen[req.NamespacedName] {
+				seen[req.NamespacedName] = true
+				out = append(out, req)
+			}
+		}
+	}
+	return out
+}
+
+// quotasForPod maps a pod to the quotas of the workloads whose selector matches it. The quotas
+// of the pod's namespace are few; their workloads come from the cache.
+func (r *DownstreamQuotaReconciler) quotasForPod(ctx context.Context, o client.Object) []reconcile.Request {
+	var list apportionv1.DownstreamQuotaList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "mapping pod to quotas")
+		return nil
+	}
+	podLabels := labels.Set(o.GetLabels())
+	var out []reconcile.Request
+	for _, dq := range list.Items {
+		for _, t := range dq.Spec.Targets {
+			if r.workloadSelects(ctx, dq.Namespace, t, podLabels) {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name}})
+				break
+			}
+		}
+	}
+	return out
+}
+
+func (r *DownstreamQuotaReconciler) workloadSelects(ctx context.Context, ns string, t apportionv1.Target, podLabels labels.Set) bool {
+	var selector *metav1.LabelSelector
+	key := types.NamespacedName{Namespace: ns, Name: t.Name}
+	switch t.Kind {
+	case apportionv1.KindDeployment:
+		var d appsv1.Deployment
+		if r.Get(ctx, key, &d) != nil {
+			return false
+		}
+		selector = d.Spec.Selector
+	case apportionv1.KindStatefulSet:
+		var s appsv1.StatefulSet
+		if r.Get(ctx, key, &s) != nil {
+			return false
+		}
+		selector = s.Spec.Selector
+	}
+	sel, err := metav1.LabelSelectorAsSelector(selector)
+	return err == nil && !sel.Empty() && sel.Matches(podLabels)
+}
+
+func quotaForRule(_ context.Context, o client.Object) []reconcile.Request {
+	rule := o.(*apportionv1.DegradeRule)
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: rule.Namespace, Name: rule.Spec.Downstream}}}
+}
+
+// workloadChanged passes workload events that can change a replica count or selector.
+type workloadChanged struct{ predicate.Funcs }
+
+func (workloadChanged) Update(e event.UpdateEvent) bool {
+	return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() ||
+		e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+}
+func (workloadChanged) Create(event.CreateEvent) bool   { return true }
+func (workloadChanged) Delete(event.DeleteEvent) bool   { return true }
+func (workloadChanged) Generic(event.GenericEvent) bool { return true }
+
+// podChanged passes pod events that change whether or where a pod may call: its labels, IP,
+// phase, termination or agent port.
+type podChanged struct{ predicate.Funcs }
+
+func (podChanged) Update(e event.UpdateEvent) bool {
+	a, b := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+	return !labels.Equals(a.Labels, b.Labels) || a.Status.PodIP != b.Status.PodIP ||
+		a.Status.Phase != b.Status.Phase || a.DeletionTimestamp.IsZero() != b.DeletionTimestamp.IsZero() ||
+		a.Annotations[AgentPortAnnotation] != b.Annotations[AgentPortAnnotation]
+}
+func (podChanged) Create(event.CreateEvent) bool   { return true }
+func (podChanged) Delete(event.DeleteEvent) bool   { return true }
+func (podChanged) Generic(event.GenericEvent) bool { return true }
