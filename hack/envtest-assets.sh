@@ -56,10 +56,9 @@ STAGE=""         # new assets dir, renamed into place when complete
 HEARTBEAT_PID=""
 on_exit() {
   local rc=$?
-  [[ -n "${HEARTBEAT_PID}" ]] && kill "${HEARTBEAT_PID}" 2>/dev/null || true
-  # Go marks module files read-only; nothing of ours should be, but be safe.
-  [[ -n "${WORK}" && -d "${WORK}" ]] && { chmod -R u+w "${WORK}" 2>/dev/null; rm -rf "${WORK}"; }
-  [[ -n "${STAGE}" && -d "${STAGE}" ]] && rm -rf "${STAGE}"
+  if [[ -n "${HEARTBEAT_PID}" ]]; then kill "${HEARTBEAT_PID}" 2>/dev/null || true; fi
+  if [[ -n "${WORK}" && -d "${WORK}" ]]; then rm -rf "${WORK}"; fi
+  if [[ -n "${STAGE}" && -d "${STAGE}" ]]; then rm -rf "${STAGE}"; fi
   if (( rc != 0 )); then
     log "FAILED during step: ${STEP} (exit code ${rc})"
   fi
@@ -75,13 +74,14 @@ command -v go >/dev/null || { echo "envtest-assets: go not found in PATH" >&2; e
 with_heartbeat() {
   local label="$1"; shift
   local start; start=$(date +%s)
-  # The ticker closes fd 3 and kills its own sleep when stopped, so no stray
-  # process keeps `$(hack/envtest-assets.sh)` or a log pipe waiting.
+  # The ticker closes fd 3 (our stdout) and fd 9 (the lock), kills its own
+  # sleep when stopped and quits if the script dies, so no stray process keeps
+  # `$(hack/envtest-assets.sh)` waiting or the lock held.
   (
-    exec 3>&-
+    exec 3>&- 9>&-
     sleeper=""
     trap '[[ -n "${sleeper}" ]] && kill "${sleeper}" 2>/dev/null; exit 0' TERM
-    while :; do
+    while kill -0 "$$" 2>/dev/null; do
       sleep 20 & sleeper=$!
       wait "${sleeper}"
       log "... still ${label} ($(( $(date +%s) - start ))s)"
@@ -95,6 +95,14 @@ with_heartbeat() {
   HEARTBEAT_PID=""
   (( rc == 0 )) && log "${label}: done in $(( $(date +%s) - start ))s"
   return "${rc}"
+}
+
+# go_quiet <args>: run the go command, dropping the hundreds of
+# "go: added/upgraded <module>" lines `go get` prints (the "go: downloading"
+# lines stay: they are the useful progress). sed always succeeds, so with
+# pipefail the exit status is go's.
+go_quiet() {
+  go "$@" 2>&1 | sed -e '/^go: \(added\|upgraded\) /d' >&2
 }
 
 # Prints the body of every `<verb>` directive of a go.mod file, one entry per
@@ -233,12 +241,12 @@ build_k8s() {
 
   STEP="downloading dependencies of kube-apiserver and kubectl"
   with_heartbeat "downloading kube-apiserver/kubectl dependencies" \
-    go get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "k8s.io/kubernetes/cmd/kubectl@v${K8S_VERSION}"
+    go_quiet get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "k8s.io/kubernetes/cmd/kubectl@v${K8S_VERSION}"
 
   # Version stamping, as kubernetes' hack/lib/version.sh does; without it the
   # binaries report v0.0.0-master. buildDate is the release's commit time, so
   # the output is reproducible.
-  local build_date minor patch
+  local build_date minor
   build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "${info_file}")
   minor="${K8S_VERSION#*.}"; minor="${minor%%.*}"
   local -a ld=()
@@ -280,7 +288,7 @@ EOF
 
   STEP="downloading go.etcd.io/etcd/server/v3@v${ETCD_VERSION}"
   with_heartbeat "downloading etcd dependencies" \
-    go get "go.etcd.io/etcd/server/v3/etcdmain@v${ETCD_VERSION}"
+    go_quiet get "go.etcd.io/etcd/server/v3/etcdmain@v${ETCD_VERSION}"
 
   STEP="building etcd v${ETCD_VERSION}"
   with_heartbeat "building etcd" \
@@ -302,9 +310,12 @@ chmod 0755 "${STAGE}"
 STEP="installing into ${ASSETS_DIR}"
 if [[ -e "${ASSETS_DIR}" ]]; then
   OLD="${STAGE}.old"
+  # setup-envtest leaves its downloads read-only, and moving a directory to
+  # another parent needs write permission on the directory itself.
+  chmod u+w "${ASSETS_DIR}"
   mv "${ASSETS_DIR}" "${OLD}"
   mv "${STAGE}" "${ASSETS_DIR}"
-  chmod -R u+w "${OLD}"   # setup-envtest leaves its downloads read-only
+  chmod -R u+w "${OLD}"
   rm -rf "${OLD}"
 else
   mv "${STAGE}" "${ASSETS_DIR}"

@@ -64,7 +64,7 @@ with_heartbeat() {
   (
     sleeper=""
     trap '[[ -n "${sleeper}" ]] && kill "${sleeper}" 2>/dev/null; exit 0' TERM
-    while :; do
+    while kill -0 "$$" 2>/dev/null; do   # quit if the script itself died
       sleep 20 & sleeper=$!
       wait "${sleeper}"
       log "... still ${label} ($(( $(date +%s) - start ))s)"
@@ -92,6 +92,7 @@ tools=("$@")
 (( ${#tools[@]} )) || tools=("${ALL_TOOLS[@]}")
 
 # Validate all names before building anything.
+STEP="checking arguments"
 for name in "${tools[@]}"; do
   tool_spec "${name}" >/dev/null || { log "unknown tool '${name}' (known: ${ALL_TOOLS[*]})"; exit 2; }
 done
