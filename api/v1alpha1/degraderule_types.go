@@ -11,15 +11,17 @@ type DegradeTarget struct {
 	Kind WorkloadKind `json:"kind"`
 	// name of the workload.
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
 	// +required
 	Name string `json:"name"`
 }
 
 // HeaderMatch matches a request header by exact value.
 type HeaderMatch struct {
-	// name of the header (case-insensitive).
+	// name of the header (case-insensitive), an RFC 9110 token.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern="^[-!#$%&'*+.^_`|~0-9A-Za-z]+$"
 	// +required
 	Name string `json:"name"`
 	// value the header must have exactly.
@@ -36,9 +38,12 @@ type DegradeScope struct {
 	// +kubebuilder:validation:Maximum=100
 	// +kubebuilder:default=100
 	// +optional
-	Percent int32 `json:"percent,omitempty"`
-	// keyHeader names the header whose value picks the share (e.g. X-User-Id).
+	Percent *int32 `json:"percent,omitempty"`
+	// keyHeader names the header whose value picks the share (e.g. X-User-Id); required when
+	// percent is below 100.
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern="^[-!#$%&'*+.^_`|~0-9A-Za-z]+$"
 	// +optional
 	KeyHeader string `json:"keyHeader,omitempty"`
 	// headers must all match.
@@ -53,7 +58,7 @@ type DegradeScope struct {
 }
 
 // DegradeRuleSpec is a person's switch that degrades a downstream for a scope of traffic.
-// +kubebuilder:validation:XValidation:rule="!has(self.scope) || !has(self.scope.percent) || self.scope.percent == 100 || (has(self.scope.keyHeader) && self.scope.keyHeader != '')",message="scope.keyHeader is required when scope.percent is below 100",fieldPath=".scope.keyHeader"
+// +kubebuilder:validation:XValidation:rule="!has(self.scope) || !has(self.scope.percent) || self.scope.percent == 100 || has(self.scope.keyHeader)",message="scope.keyHeader is required when scope.percent is below 100",fieldPath=".scope.keyHeader"
 type DegradeRuleSpec struct {
 	// downstream names a DownstreamQuota in the same namespace.
 	// +kubebuilder:validation:MinLength=1
@@ -76,8 +81,10 @@ type DegradeRuleSpec struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +required
 	Reason string `json:"reason"`
-	// expiresAt is when the switch turns itself off. It must lie in the future and within the
-	// manager's horizon (24 h by default).
+	// expiresAt is when the switch turns itself off. When the rule is created or its spec edited,
+	// it must lie in the future and no further away than the manager's horizon
+	// (--max-degrade-horizon, 24 h by default); otherwise the rule is Invalid and never pushed.
+	// Editing it to a valid future time switches an Expired rule on again.
 	// +required
 	ExpiresAt metav1.Time `json:"expiresAt"`
 	// scope is the part of the traffic degraded; all of it when absent.
@@ -100,6 +107,14 @@ const (
 	PhaseInactive DegradePhase = "Inactive"
 	// PhaseInvalid: cannot be applied (see the message); never pushed.
 	PhaseInvalid DegradePhase = "Invalid"
+)
+
+// Condition types of a DegradeRule (besides ConditionReady: true when the rule is Active).
+const (
+	// ConditionValid is false when the rule cannot be applied: its expiry was already past or
+	// beyond the manager's horizon when the spec was written, its DownstreamQuota or target does
+	// not exist, or the agents would refuse the switch. An invalid rule is never pushed.
+	ConditionValid = "Valid"
 )
 
 // DegradeRuleStatus is where the rule stands and how many pods apply it.
@@ -159,8 +174,4 @@ type DegradeRuleList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []DegradeRule `json:"items"`
-}
-
-func init() {
-	SchemeBuilder.Register(&DegradeRule{}, &DegradeRuleList{})
 }

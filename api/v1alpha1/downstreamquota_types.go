@@ -316,7 +316,3 @@ type DownstreamQuotaList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []DownstreamQuota `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&DownstreamQuota{}, &DownstreamQuotaList{})
-}
