@@ -91,6 +91,9 @@ func New(limit int) *Semaphore {
 // free and no one is waiting for one.
 func (s *Semaphore) TryAcquire() bool {
 	s.mu.Lock()
+	// By the invariant, a non-empty queue implies inFlight >= limit, so
+	// the head check is implied; it is kept so that no-barging does not
+	// rest on a property proved elsewhere.
 	ok := s.head == nil && s.inFlight < s.limit
 	if ok {
 		s.grantLocked()
@@ -121,7 +124,12 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 	w := s.getWaiter()
 	s.pushLocked(w)
 	s.mu.Unlock()
+	return s.wait(ctx, w)
+}
 
+// wait blocks a queued waiter until it is granted or ctx is done.
+func (s *Semaphore) wait(ctx context.Context, w *waiter) error {
+	done := ctx.Done()
 	select {
 	case <-w.ready:
 		// The permit is already counted in inFlight. If ctx was done by
@@ -142,7 +150,7 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 			// (it was sent under the lock we now hold). Drain it so the
 			// waiter can be reused, and pass the permit on.
 			<-w.ready
-
+			s.releaseLocked()
 		} else {
 			// Still queued. Removing it frees no permit and, by the
 			// invariant, the waiters behind it cannot proceed either.

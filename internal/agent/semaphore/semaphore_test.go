@@ -27,6 +27,19 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// recv receives from ch; like waitFor, its bound only turns a hang (a lost
+// wake-up or a leaked permit) into a failure.
+func recv[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
 func waitWaiting(t *testing.T, s *Semaphore, n int) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("%d waiters", n), func() bool { return s.Stats().Waiting == n })
@@ -127,7 +140,7 @@ func TestNoBarging(t *testing.T) {
 	if s.TryAcquire() {
 		t.Fatal("TryAcquire stole the permit handed to the waiter")
 	}
-	if err := <-got; err != nil {
+	if err := recv(t, "waiter", got); err != nil {
 		t.Fatalf("waiter Acquire = %v, want nil", err)
 	}
 	s.Release()
@@ -169,7 +182,7 @@ func TestFIFOOrder(t *testing.T) {
 	for want := range n {
 		// Only one permit exists, so waiter want must be the next and
 		// only one granted.
-		if got := <-granted; got != want {
+		if got := recv(t, "grant", granted); got != want {
 			t.Fatalf("grant #%d went to waiter %d, want %d", want, got, want)
 		}
 		wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: n - want - 1})
@@ -185,7 +198,10 @@ func TestRaiseLimitWakesInFIFOOrder(t *testing.T) {
 
 	s.SetLimit(3)
 	wantStats(t, s, Stats{Limit: 3, InFlight: 3, Waiting: n - 3})
-	got := map[int]bool{<-granted: true, <-granted: true, <-granted: true}
+	got := map[int]bool{}
+	for range 3 {
+		got[recv(t, "grant", granted)] = true
+	}
 	if diff := cmp.Diff(map[int]bool{0: true, 1: true, 2: true}, got); diff != "" {
 		t.Fatalf("raising the limit woke the wrong waiters (-want +got):\n%s", diff)
 	}
@@ -193,7 +209,7 @@ func TestRaiseLimitWakesInFIFOOrder(t *testing.T) {
 	s.SetLimit(n)
 	wantStats(t, s, Stats{Limit: n, InFlight: n})
 	for range n - 3 {
-		<-granted
+		recv(t, "grant", granted)
 	}
 	for _, h := range hold {
 		close(h)
@@ -217,7 +233,7 @@ func TestLowerLimitWaitsUntilBelowNewLimit(t *testing.T) {
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: 1})
 	s.Release() // 0 in flight: the waiter is granted
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1})
-	if err := <-got; err != nil {
+	if err := recv(t, "waiter", got); err != nil {
 		t.Fatalf("Acquire = %v", err)
 	}
 }
@@ -256,17 +272,17 @@ func TestCancelledWaiterInMiddleKeepsOrder(t *testing.T) {
 	waitWaiting(t, s, 3)
 
 	cancel()
-	if err := <-mid; !errors.Is(err, context.Canceled) {
+	if err := recv(t, "cancelled waiter", mid); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire = %v, want Canceled", err)
 	}
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: 2})
 
 	s.Release()
-	if got := <-granted; got != 0 {
+	if got := recv(t, "grant", granted); got != 0 {
 		t.Fatalf("first grant went to %d", got)
 	}
 	close(hold[0]) // waiter 0 releases: the last waiter is next
-	if err := <-last; err != nil {
+	if err := recv(t, "last waiter", last); err != nil {
 		t.Fatalf("last Acquire = %v", err)
 	}
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1})
@@ -304,14 +320,38 @@ func TestGrantRacingCancel(t *testing.T) {
 		s.releaseLocked() // hands the permit to the first waiter
 		s.mu.Unlock()
 
-		if err := <-first; !errors.Is(err, context.Canceled) {
+		if err := recv(t, "first waiter", first); !errors.Is(err, context.Canceled) {
 			t.Fatalf("iteration %d: first Acquire = %v, want Canceled", i, err)
 		}
-		if err := <-second; err != nil {
+		if err := recv(t, "second waiter", second); err != nil {
 			t.Fatalf("iteration %d: second Acquire = %v, want nil (permit not passed on)", i, err)
 		}
 		wantStats(t, s, Stats{Limit: 1, InFlight: 1})
 		s.Release()
+		wantStats(t, s, Stats{Limit: 1})
+	}
+}
+
+// TestWaitAfterGrantAndCancel covers the other side of the race: a waiter
+// that had not parked yet finds both its grant and the cancellation ready,
+// and Go picks either select case at random. Both must end the same way:
+// ctx.Err() and the permit given back.
+func TestWaitAfterGrantAndCancel(t *testing.T) {
+	for i := range 100 {
+		s := New(1)
+		s.TryAcquire()
+		ctx, cancel := context.WithCancel(context.Background())
+		s.mu.Lock()
+		w := s.getWaiter()
+		s.pushLocked(w)
+		cancel()
+		s.releaseLocked() // grants w
+		s.mu.Unlock()
+		wantStats(t, s, Stats{Limit: 1, InFlight: 1})
+
+		if err := s.wait(ctx, w); !errors.Is(err, context.Canceled) {
+			t.Fatalf("iteration %d: wait = %v, want Canceled", i, err)
+		}
 		wantStats(t, s, Stats{Limit: 1})
 	}
 }
