@@ -34,20 +34,15 @@ func FieldErrors(err error) []*FieldError {
 	var out []*FieldError
 	var walk func(error)
 	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if fe, ok := e.(*FieldError); ok {
-			out = append(out, fe)
-			return
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
 				walk(x)
 			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
+			return
+		}
+		var fe *FieldError
+		if errors.As(e, &fe) {
+			out = append(out, fe)
 		}
 	}
 	walk(err)

@@ -113,7 +113,7 @@ func TestDecodeErrors(t *testing.T) {
 			m["x"] = 1
 			ds(m, 1)["acquireTimeout"] = 5
 		}), want: []string{"x: unknown field", "downstreams[1].acquireTimeout: duration must be a string"}},
-		{name: "acquireTimeout range", body: mutate(t, func(m map[string]any) { ds(m, 2-2)["acquireTimeout"] = "6s" }), want: []string{"downstreams[0].acquireTimeout: must be between 1ms and 5s"}},
+		{name: "acquireTimeout range", body: mutate(t, func(m map[string]any) { ds(m, 0)["acquireTimeout"] = "6s" }), want: []string{"downstreams[0].acquireTimeout: must be between 1ms and 5s"}},
 		{name: "requestTimeout range", body: mutate(t, func(m map[string]any) { ds(m, 1)["requestTimeout"] = "5ms" }), want: []string{"downstreams[1].requestTimeout: must be between 10ms and 10m"}},
 		{name: "leaseTTL range", body: mutate(t, func(m map[string]any) { m["leaseTTL"] = "11m" }), want: []string{"leaseTTL: must be between 100ms and 10m"}},
 		{name: "epoch and generation", body: mutate(t, func(m map[string]any) { m["epoch"] = 0; m["generation"] = -1 }), want: []string{"epoch: must be at least 1", "generation: must be at least 1"}},

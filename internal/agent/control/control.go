@@ -40,14 +40,11 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// ErrStale is what Backend.Apply returns (wrapped or not) for a stale (epoch, generation).
-var ErrStale = errors.New("stale assignment")
-
 // Backend is what the control API drives.
 type Backend interface {
 	// Apply applies a validated assignment, or renews the lease when the pair is the one held.
-	// It returns the State after the call; for a stale pair an error wrapping ErrStale and the
-	// State held.
+	// It returns the State after the call; for a stale pair an error wrapping
+	// assignment.ErrStale and the State held.
 	Apply(a *assignment.Assignment) (assignment.State, error)
 	// State is the current State.
 	State() assignment.State
@@ -58,8 +55,9 @@ type Backend interface {
 // Options configure the handler.
 type Options struct {
 	Backend Backend
-	// Keys verifies requests; nil disables authentication (--insecure-no-auth).
-	Keys *assignment.KeySet
+	// Keys returns the keys requests are verified with (it is called per request, so the
+	// keys can be reloaded); nil disables authentication (--insecure-no-auth).
+	Keys func() assignment.KeySet
 	// Clock is the time for signature checks; nil means the real clock.
 	Clock clock.Clock
 	// Metrics serves GET /metrics; nil answers 404.
@@ -152,7 +150,7 @@ func (h *handler) authenticate(w http.ResponseWriter, r *http.Request, body []by
 	if h.o.Keys == nil {
 		return true
 	}
-	err := assignment.Verify(r, body, *h.o.Keys, h.o.Clock.Now())
+	err := assignment.Verify(r, body, h.o.Keys(), h.o.Clock.Now())
 	if err == nil {
 		return true
 	}
@@ -207,7 +205,7 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := h.o.Backend.Apply(a)
 	if err != nil {
-		if errors.Is(err, ErrStale) {
+		if errors.Is(err, assignment.ErrStale) {
 			h.log.Info("stale assignment refused", "remote", r.RemoteAddr,
 				"pushedEpoch", a.Epoch, "pushedGeneration", a.Generation, "heldEpoch", st.Epoch, "heldGeneration", st.Generation)
 			h.problem(w, http.StatusConflict, assignment.Problem{Title: "Stale assignment", Code: assignment.CodeStaleAssignment,

@@ -1,0 +1,330 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// buildAgent compiles the agent binary into a temporary directory, once per test binary.
+var buildAgent = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "apportion-agent-test")
+	if err != nil {
+		return "", err
+	}
+	binDir = dir
+	bin := filepath.Join(dir, "agent")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		return "", errors.New(string(out))
+	}
+	return bin, nil
+})
+
+// agentProc is a running agent binary.
+type agentProc struct {
+	cmd                *exec.Cmd
+	dataURL, ctlURL    string
+	mu                 sync.Mutex
+	logs               []map[string]any
+	stderrDone, exited chan struct{}
+	exitErr            error
+}
+
+func startAgent(t testing.TB, args ...string) *agentProc {
+	t.Helper()
+	return startAgentEnv(t, nil, args...)
+}
+
+// startAgentEnv starts the agent binary with extra environment variables.
+func startAgentEnv(t testing.TB, env []string, args ...string) *agentProc {
+	t.Helper()
+	bin, err := buildAgent()
+	if err != nil {
+		t.Fatalf("building the agent: %v", err)
+	}
+	cmd := exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--control-listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &agentProc{cmd: cmd, stderrDone: make(chan struct{}), exited: make(chan struct{})}
+	started := make(chan map[string]any, 1)
+	go func() {
+		defer close(p.stderrDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				t.Logf("agent (not JSON): %s", sc.Text())
+				continue
+			}
+			p.mu.Lock()
+			p.logs = append(p.logs, line)
+			p.mu.Unlock()
+			if line["msg"] == "agent started" {
+				started <- line
+			}
+		}
+	}()
+	go func() {
+		<-p.stderrDone
+		p.exitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	select {
+	case line := <-started:
+		p.dataURL = "http://" + line["listen"].(string)
+		p.ctlURL = "http://" + line["controlListen"].(string)
+	case <-p.exited:
+		t.Fatalf("agent exited at start: %v; logs %v", p.exitErr, p.logs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not start within 10s")
+	}
+	return p
+}
+
+func (p *agentProc) wait(t testing.TB, within time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(within):
+		t.Fatalf("agent still running after %v", within)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.exitErr, &ee) {
+		return ee.ExitCode()
+	}
+	if p.exitErr != nil {
+		t.Fatal(p.exitErr)
+	}
+	return 0
+}
+
+func (p *agentProc) logged(msg string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.logs {
+		if l["msg"] == msg {
+			return true
+		}
+	}
+	return false
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestAgentBinary runs the real binary: push a signed assignment, proxy a call, SIGTERM while a
+// call is in flight (readyz goes 503, the call finishes), exit 0.
+func TestAgentBinary(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		io.WriteString(w, "upstream:"+r.URL.Path)
+	}))
+	defer up.Close()
+
+	keyDir := t.TempDir()
+	key := assignment.Key{ID: "k1", Secret: bytes.Repeat([]byte("s"), 32)}
+	if err := os.WriteFile(filepath.Join(keyDir, key.ID), key.Secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startAgent(t, "--key-dir", keyDir, "--drain-timeout", "5s")
+
+	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
+		t.Fatalf("readyz before the first assignment = %d", code)
+	}
+	c := &assignment.Client{HTTP: &http.Client{Timeout: 5 * time.Second}, Key: key}
+	a := &assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
+		Downstreams: []assignment.Downstream{{
+			Name: "svc", Upstream: up.URL, Permits: 4, SafeDefaultPermits: 1,
+			AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(5 * time.Second),
+			Fallback: assignment.Fallback{Action: assignment.ActionReject},
+		}}}
+	st, err := c.Push(context.Background(), p.ctlURL, a)
+	if err != nil {
+		t.Fatalf("Push: %v", err)
+	}
+	if st.Generation != 1 || st.Downstreams[0].EffectivePermits != 4 {
+		t.Fatalf("ack = %+v", st)
+	}
+	// Unsigned is refused.
+	req, _ := http.NewRequest(http.MethodGet, p.ctlURL+assignment.PathState, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("unsigned state: %d", resp.StatusCode)
+	}
+	if code, _ := get(t, p.ctlURL+"/readyz"); code != 200 {
+		t.Fatalf("readyz after push = %d", code)
+	}
+	if code, body := get(t, p.dataURL+"/svc/hello"); code != 200 || body != "upstream:/hello" {
+		t.Fatalf("proxied call = %d %q", code, body)
+	}
+	if code, body := get(t, p.ctlURL+"/metrics"); code != 200 || !strings.Contains(body, `apportion_agent_requests_total{downstream="svc"} 1`) {
+		t.Fatalf("metrics = %d", code)
+	}
+
+	// A call in flight, then SIGTERM.
+	slow := make(chan string)
+	go func() {
+		resp, err := http.Get(p.dataURL + "/svc/slow")
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		slow <- string(b)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := c.State(context.Background(), p.ctlURL)
+		if err == nil && st.Downstreams[0].InFlight == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow call never got in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for !p.logged("shutting down: draining calls in flight") {
+		if time.Now().After(deadline) {
+			t.Fatal("no shutdown log")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
+		t.Fatalf("readyz while draining = %d", code)
+	}
+	close(release)
+	if got := <-slow; got != "upstream:/slow" {
+		t.Fatalf("in-flight call during drain = %q", got)
+	}
+	if code := p.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	if !p.logged("agent stopped") {
+		t.Fatal("no 'agent stopped' log")
+	}
+}
+
+func TestAgentBootstrapInsecure(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer up.Close()
+	file := filepath.Join(t.TempDir(), "bootstrap.json")
+	boot := `{"downstreams":[{"name":"svc","upstream":"` + up.URL + `","permits":10,"safeDefaultPermits":2,
+		"acquireTimeout":"10ms","requestTimeout":"1s","fallback":{"action":"Reject"}}]}`
+	if err := os.WriteFile(file, []byte(boot), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startAgent(t, "--insecure-no-auth", "--bootstrap", file)
+	if !p.logged("INSECURE: the control API accepts unauthenticated requests (--insecure-no-auth); anyone who reaches 127.0.0.1:0 can change this agent's limits. Use it for local experiments only.") {
+		t.Error("no loud warning for --insecure-no-auth")
+	}
+	if code, _ := get(t, p.ctlURL+"/readyz"); code != 200 {
+		t.Fatalf("readyz with --bootstrap = %d", code)
+	}
+	code, body := get(t, p.ctlURL+assignment.PathState)
+	var st assignment.State
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || st.Generation != 0 || !st.LeaseExpired || st.Downstreams[0].EffectivePermits != 2 {
+		t.Fatalf("state = %d %s", code, body)
+	}
+	if code, _ := get(t, p.dataURL+"/svc/"); code != 200 {
+		t.Fatalf("proxied = %d", code)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	if code := p.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+}
+
+func TestFlagValidation(t *testing.T) {
+	keyDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(keyDir, "k"), bytes.Repeat([]byte("x"), 32), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badBoot := filepath.Join(t.TempDir(), "b.json")
+	_ = os.WriteFile(badBoot, []byte(`{"downstreams":[{"name":"x","permits":-1}]}`), 0o600)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "--key-dir is required"},
+		{[]string{"--key-dir", keyDir, "--insecure-no-auth"}, "exclusive"},
+		{[]string{"--key-dir", t.TempDir()}, "holds no key file"},
+		{[]string{"--insecure-no-auth", "--listen", "nope"}, "--listen \"nope\": must be host:port"},
+		{[]string{"--insecure-no-auth", "--drain-timeout", "-1s"}, "--drain-timeout"},
+		{[]string{"--insecure-no-auth", "--stale-cache-bytes", "lots"}, "--stale-cache-bytes"},
+		{[]string{"--insecure-no-auth", "--log-level", "loud"}, "--log-level"},
+		{[]string{"--insecure-no-auth", "--bootstrap", badBoot}, "downstreams[0].permits"},
+		{[]string{"--insecure-no-auth", "--listen", ":15000", "--control-listen", ":15000"}, "must differ"},
+		{[]string{"--insecure-no-auth", "extra"}, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		var stderr bytes.Buffer
+		if code := run(tt.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tt.want) {
+			t.Errorf("run(%q) = %d, %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
+		}
+	}
+	if n, err := parseSize("16Mi"); err != nil || n != 16<<20 {
+		t.Errorf("parseSize(16Mi) = %d, %v", n, err)
+	}
+	if n, err := parseSize("1000"); err != nil || n != 1000 {
+		t.Errorf("parseSize(1000) = %d, %v", n, err)
+	}
+}

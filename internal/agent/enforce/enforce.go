@@ -1,0 +1,288 @@
+// Package enforce holds the agent's per-downstream enforcement table and the lease, and applies
+// Assignments to them under the fencing rules of package assignment.
+//
+// Model. The Enforcer publishes an immutable Table (downstreams by name, degrade switches)
+// through an atomic pointer: the data plane loads it once per call, and an accepted Assignment
+// replaces it in one store, so a call sees either the old or the new configuration, never a mix.
+// The per-downstream runtime objects (Downstream: semaphore, rate limiter, circuit breaker,
+// counters, metric children) outlive tables: an Assignment that keeps a downstream keeps its
+// objects and reconfigures them in place (Semaphore.SetLimit, Limiter.Set, Breaker.SetConfig),
+// so calls in flight keep their permits and are counted against the new limit. A downstream
+// that is removed leaves the table (new calls get 404) while its calls in flight finish on the
+// objects they hold.
+//
+// Outcomes of Apply(a):
+//   - (a.Epoch, a.Generation) below the pair held: nothing changes; the State and an error
+//     wrapping assignment.ErrStale.
+//   - the same pair: a lease renewal. The lease restarts with a.LeaseTTL and, if it had expired,
+//     every downstream gets its Permits back. The rest of a is not looked at (a different
+//     content under the same pair is a manager bug and is logged).
+//   - a higher pair: a replaces the configuration entirely, atomically, with a fresh lease.
+//
+// Lease. While the lease holds, a downstream's effective limit is Permits. When LeaseTTL passes
+// without renewal (timed with the injected clock.Clock), it drops to min(Permits,
+// SafeDefaultPermits), or to 0 with FailClosed (every call then gets the fallback at once):
+// never unlimited and never above what it held. A renewal, or any newer Assignment, restores
+// Permits. The --bootstrap configuration is applied as epoch 0, generation 0, already on safe
+// defaults (as if its lease had expired), so that any manager push replaces it.
+//
+// Readiness: Ready is true once an Assignment or the bootstrap was applied, until SetDraining.
+package enforce
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// Options configure an Enforcer.
+type Options struct {
+	// Clock times the lease and reads "now"; nil means the real clock.
+	Clock clock.Clock
+	// Metrics receives per-downstream children; nil creates a private set.
+	Metrics *metrics.Metrics
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Enforcer applies Assignments and publishes the Table.
+type Enforcer struct {
+	clock   clock.Clock
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	table    atomic.Pointer[Table]
+	ready    atomic.Bool
+	draining atomic.Bool
+
+	mu             sync.Mutex // serialises Apply, the lease and State
+	epoch, gen     int64
+	configured     bool
+	bootstrap      bool
+	leaseTTL       time.Duration
+	leaseExpiresAt time.Time
+	leaseExpired   bool
+	leaseTimer     clock.Timer
+	leaseSeq       uint64
+	held           []byte // the JSON of the assignment held
+}
+
+// New returns an Enforcer holding an empty table: every call is to an unknown downstream.
+func New(o Options) *Enforcer {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger}
+	e.table.Store(&Table{byName: map[string]*Downstream{}})
+	o.Metrics.SetSource(e)
+	return e
+}
+
+// Clock is the Enforcer's clock.
+func (e *Enforcer) Clock() clock.Clock { return e.clock }
+
+// Table is the configuration in force now. It is never nil.
+func (e *Enforcer) Table() *Table { return e.table.Load() }
+
+// Ready reports whether a configuration was applied and shutdown has not started.
+func (e *Enforcer) Ready() bool { return e.ready.Load() && !e.draining.Load() }
+
+// SetDraining makes Ready false for good (shutdown started).
+func (e *Enforcer) SetDraining() { e.draining.Store(true) }
+
+// Apply applies a (see the package doc) and returns the State after it.
+func (e *Enforcer) Apply(a *assignment.Assignment) (assignment.State, error) {
+	if err := a.Validate(); err != nil {
+		return e.State(), err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.clock.Now()
+	if e.configured && !e.bootstrap {
+		switch assignment.ComparePair(a.Epoch, a.Generation, e.epoch, e.gen) {
+		case -1:
+			return e.stateLocked(now), fmt.Errorf("%w: pushed epoch %d generation %d, held epoch %d generation %d",
+				assignment.ErrStale, a.Epoch, a.Generation, e.epoch, e.gen)
+		case 0:
+			e.renewLocked(a, now)
+			return e.stateLocked(now), nil
+		}
+	}
+	if err := e.replaceLocked(a, now, false); err != nil {
+		return e.stateLocked(now), err
+	}
+	return e.stateLocked(now), nil
+}
+
+// ApplyBootstrap applies a bootstrap configuration (from assignment.DecodeBootstrap) as epoch 0,
+// generation 0, on safe defaults. It is meant for startup, before any push.
+func (e *Enforcer) ApplyBootstrap(a *assignment.Assignment) error {
+	b := *a
+	b.Epoch, b.Generation = 0, 0
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.configured {
+		return fmt.Errorf("bootstrap after a configuration was applied")
+	}
+	return e.replaceLocked(&b, e.clock.Now(), true)
+}
+
+func (e *Enforcer) renewLocked(a *assignment.Assignment, now time.Time) {
+	if b, err := json.Marshal(a); err == nil && !bytes.Equal(b, e.held) {
+		e.log.Warn("assignment with the pair held but a different content: treated as a lease renewal only",
+			"epoch", a.Epoch, "generation", a.Generation)
+	}
+	e.leaseTTL = a.LeaseTTL.D()
+	if e.leaseExpired {
+		e.leaseExpired = false
+		for _, ds := range e.table.Load().byName {
+			ds.setEffective(ds.Config().Permits)
+		}
+		e.log.Info("lease renewed after it had expired; permits restored", "epoch", e.epoch, "generation", e.gen)
+	}
+	e.armLeaseLocked(now)
+}
+
+func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootstrap bool) error {
+	old := e.table.Load()
+	// Build everything that can fail first: nothing is half-applied.
+	nt, cfgs, err := buildTable(a)
+	if err != nil {
+		return err
+	}
+	held, _ := json.Marshal(a)
+	// From here on nothing fails.
+	var created []string
+	for i, d := range a.Downstreams {
+		cfg := cfgs[i]
+		ds := old.byName[d.Name]
+		if ds == nil {
+			ds = newDownstream(d.Name, cfg, e.metrics, now)
+			created = append(created, d.Name)
+		} else {
+			ds.reconfigure(cfg, now)
+		}
+		if bootstrap {
+			ds.setEffective(cfg.SafeLimit())
+		} else {
+			ds.setEffective(cfg.Permits)
+		}
+		nt.byName[d.Name] = ds
+	}
+	e.table.Store(nt)
+	var removed []string
+	for name := range old.byName {
+		if nt.byName[name] == nil {
+			removed = append(removed, name)
+			e.metrics.Forget(name)
+		}
+	}
+	e.epoch, e.gen = a.Epoch, a.Generation
+	e.configured, e.bootstrap = true, bootstrap
+	e.held = held
+	if bootstrap {
+		e.leaseTTL, e.leaseExpiresAt, e.leaseExpired = 0, time.Time{}, true
+		if e.leaseTimer != nil {
+			e.leaseTimer.Stop()
+		}
+	} else {
+		e.leaseTTL = a.LeaseTTL.D()
+		e.leaseExpired = false
+		e.armLeaseLocked(now)
+	}
+	e.ready.Store(true)
+	e.log.Info("configuration applied", "epoch", a.Epoch, "generation", a.Generation, "bootstrap", bootstrap,
+		"downstreams", len(a.Downstreams), "switches", len(a.Switches), "added", created, "removed", removed)
+	return nil
+}
+
+func (e *Enforcer) armLeaseLocked(now time.Time) {
+	if e.leaseTimer != nil {
+		e.leaseTimer.Stop()
+	}
+	e.leaseSeq++
+	seq := e.leaseSeq
+	e.leaseExpiresAt = now.Add(e.leaseTTL)
+	e.leaseTimer = e.clock.AfterFunc(e.leaseTTL, func() { e.expire(seq) })
+}
+
+func (e *Enforcer) expire(seq uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if seq != e.leaseSeq || e.leaseExpired {
+		return // renewed or replaced since
+	}
+	e.leaseExpired = true
+	t := e.table.Load()
+	for _, ds := range t.byName {
+		ds.setEffective(ds.Config().SafeLimit())
+	}
+	e.log.Warn("lease expired without renewal: running on safe defaults",
+		"epoch", e.epoch, "generation", e.gen, "leaseTTL", e.leaseTTL.String())
+}
+
+// State is the agent's State (the answer of every control call).
+func (e *Enforcer) State() assignment.State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stateLocked(e.clock.Now())
+}
+
+func (e *Enforcer) stateLocked(now time.Time) assignment.State {
+	t := e.table.Load()
+	st := assignment.State{
+		Epoch: e.epoch, Generation: e.gen, Configured: e.configured,
+		LeaseExpired: e.leaseExpired,
+		Downstreams:  []assignment.DownstreamState{},
+	}
+	if !e.bootstrap {
+		st.LeaseExpiresAt = e.leaseExpiresAt
+	}
+	for _, name := range t.names {
+		st.Downstreams = append(st.Downstreams, t.byName[name].state(now))
+	}
+	for _, sw := range t.switchStates {
+		st.Switches = append(st.Switches, assignment.SwitchState{Name: sw.Name, ExpiresAt: sw.ExpiresAt, Active: now.Before(sw.ExpiresAt)})
+	}
+	return st
+}
+
+// MetricsSnapshot implements metrics.Source.
+func (e *Enforcer) MetricsSnapshot() metrics.Snapshot {
+	e.mu.Lock()
+	gen, expired := e.gen, e.leaseExpired
+	e.mu.Unlock()
+	now := e.clock.Now()
+	t := e.table.Load()
+	s := metrics.Snapshot{Generation: gen, LeaseExpired: expired}
+	for _, name := range t.names {
+		ds := t.byName[name]
+		st := ds.Sem.Stats()
+		bs := -1
+		if b := ds.Breaker(); b != nil {
+			bs = breakerGauge(b, now)
+		}
+		s.Downstreams = append(s.Downstreams, metrics.DownstreamSnapshot{
+			Name: name, InFlight: st.InFlight, Waiting: st.Waiting, Permits: st.Limit,
+			Breaker: bs, PeakRPS: ds.Metrics.Peak.Max(now),
+		})
+	}
+	for _, sw := range t.switchStates {
+		s.Switches = append(s.Switches, metrics.SwitchSnapshot{Downstream: sw.Downstream, Name: sw.Name, Active: now.Before(sw.ExpiresAt)})
+	}
+	return s
+}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/metrics"
+)
+
+// Problem codes of the answers the data plane gives itself (fallback answers carry the
+// fallback package's codes: APPORTION_NO_PERMIT, ...).
+const (
+	CodeUnknownDownstream   = "APPORTION_UNKNOWN_DOWNSTREAM"   // 404
+	CodeUpstreamTimeout     = "APPORTION_UPSTREAM_TIMEOUT"     // 504
+	CodeUpstreamUnavailable = "APPORTION_UPSTREAM_UNAVAILABLE" // 502
+)
+
+// answerFallback answers a call that is not forwarded, with fc (the downstream's fallback or a
+// switch's action).
+func (h *Handler) answerFallback(w http.ResponseWriter, r *http.Request, ds *enforce.Downstream, fc *fallback.Config,
+	reason fallback.Reason, retryAfter time.Duration, now time.Time) {
+	in := fallback.Input{Downstream: ds.Name, Reason: reason, Method: r.Method, RetryAfter: retryAfter, Now: now}
+	if fc.Action == fallback.ServeStale && r.Method == http.MethodGet && h.stale != nil {
+		if e, ok := h.stale.Get(fallback.Key(ds.Name, r.URL.RequestURI())); ok {
+			in.Stale = e
+		}
+	}
+	d := fallback.Decide(*fc, in)
+	switch d.Action {
+	case fallback.Static:
+		ds.Metrics.Fallback[metrics.ActionStatic].Inc()
+	case fallback.ServeStale:
+		ds.Metrics.Fallback[metrics.ActionServeStale].Inc()
+	default:
+		ds.Metrics.Fallback[metrics.ActionReject].Inc()
+	}
+	_ = fallback.Write(w, d)
+}
+
+// problem is the application/problem+json of the data plane's own answers, shaped like the
+// fallback package's.
+type problem struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail"`
+	Code       string `json:"code"`
+	Downstream string `json:"downstream,omitempty"`
+}
+
+func writeProblem(w http.ResponseWriter, status int, code, title, detail, downstream string) {
+	b, _ := json.Marshal(problem{
+		Type: fallback.ProblemTypePrefix + codeSlug(code), Title: title, Status: status,
+		Detail: detail, Code: code, Downstream: downstream,
+	})
+	hd := w.Header()
+	hd.Set("Content-Type", "application/problem+json")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// codeSlug turns APPORTION_UPSTREAM_TIMEOUT into upstream-timeout.
+func codeSlug(code string) string {
+	b := []byte(code[len("APPORTION_"):])
+	for i, c := range b {
+		switch {
+		case c == '_':
+			b[i] = '-'
+		case c >= 'A' && c <= 'Z':
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// staleTee copies a GET 2xx response body, up to a bound, for the stale cache.
+type staleTee struct {
+	key    string
+	status int
+	header http.Header
+	buf    []byte
+	max    int
+}
+
+// newTee starts copying a response for the cache, or returns nil when it cannot be stored
+// (not storable, or announced larger than one entry may be).
+func (h *Handler) newTee(key string, req *http.Request, res *http.Response) *staleTee {
+	if h.stale == nil || !fallback.Storable(req.Header, res.StatusCode, res.Header) {
+		return nil
+	}
+	if res.ContentLength > h.maxEntry {
+		return nil
+	}
+	t := &staleTee{key: key, status: res.StatusCode, header: res.Header.Clone(), max: int(h.maxEntry)}
+	if res.ContentLength > 0 {
+		t.buf = make([]byte, 0, res.ContentLength)
+	}
+	return t
+}
+
+// write copies p; it reports false once the body exceeds the bound (the tee is then dropped).
+func (t *staleTee) write(p []byte) bool {
+	if len(t.buf)+len(p) > t.max {
+		return false
+	}
+	t.buf = append(t.buf, p...)
+	return true
+}
+
+func (h *Handler) storeTee(t *staleTee, now time.Time) {
+	h.stale.Put(t.key, fallback.Entry{
+		Response: fallback.Response{Status: t.status, Header: t.header, Body: t.buf},
+		StoredAt: now,
+	})
+}
+
+// bufferPool recycles the ReverseProxy's 32 KiB copy buffers.
+type bufferPool struct{}
+
+const copyBufferSize = 32 << 10
+
+var copyBuffers = sync.Pool{New: func() any { return new([copyBufferSize]byte) }}
+
+func (bufferPool) Get() []byte { return copyBuffers.Get().(*[copyBufferSize]byte)[:] }
+
+func (bufferPool) Put(b []byte) {
+	if cap(b) >= copyBufferSize {
+		copyBuffers.Put((*[copyBufferSize]byte)(b[:copyBufferSize])) // no allocation
+	}
+}

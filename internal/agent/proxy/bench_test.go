@@ -1,0 +1,242 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// benchServer serves h on a real 127.0.0.1 listener.
+func benchServer(b *testing.B, h http.Handler) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+type latencies []time.Duration
+
+func (l latencies) pct(p float64) time.Duration {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func timedGet(c *http.Client, url string) (time.Duration, error) {
+	start := time.Now()
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return 0, &statusErr{resp.StatusCode}
+	}
+	return time.Since(start), nil
+}
+
+type statusErr struct{ code int }
+
+func (e *statusErr) Error() string { return http.StatusText(e.code) }
+
+// closedLoop runs n calls over conc clients, each sending its next call when the last returned.
+func closedLoop(b *testing.B, c *http.Client, url string, conc, n int) latencies {
+	out := make(latencies, n)
+	var wg sync.WaitGroup
+	var next sync.Mutex
+	i := 0
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				k := i
+				i++
+				next.Unlock()
+				if k >= n {
+					return
+				}
+				d, err := timedGet(c, url)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				out[k] = d
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// openLoop sends calls at a fixed rate for dur, whatever the answers do, and returns their
+// latencies (from the moment each was sent).
+func openLoop(b *testing.B, c *http.Client, url string, rps int, dur time.Duration) latencies {
+	interval := time.Second / time.Duration(rps)
+	n := int(dur / interval)
+	out := make(latencies, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for k := range n {
+		if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := timedGet(c, url)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			out[k] = d
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func benchClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512, IdleConnTimeout: time.Minute}}
+}
+
+// BenchmarkProxyOverhead measures the latency the agent adds on loopback: a trivial upstream
+// called directly and through the agent (real listeners on 127.0.0.1), closed-loop with 64
+// clients and open-loop at 2,000 calls/s for 3 s, direct and agent alternating in slices so that
+// both see the same background load. It reports the direct and agent p50/p99 and the difference
+// (targets: p50 <= 100 µs, p99 <= 500 µs added).
+//
+// Everything shares the machine's cores: the clients, the upstream and the agent. The
+// closed-loop figure therefore includes queueing for the CPU (the agent doubles the work per
+// call); the open-loop one, below saturation, is the overhead an app sees.
+func BenchmarkProxyOverhead(b *testing.B) {
+	body := []byte("ok")
+	up := benchServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
+	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
+		Downstreams: []assignment.Downstream{{
+			Name: "up", Upstream: up, Permits: 1024, SafeDefaultPermits: 1024,
+			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
+			Fallback: assignment.Fallback{Action: assignment.ActionReject},
+		}}}); err != nil {
+		b.Fatal(err)
+	}
+	agent := benchServer(b, New(Options{Enforcer: enf, Logger: quietLogger()}))
+	direct, via := up+"/x", agent+"/up/x"
+	cd, ca := benchClient(), benchClient()
+
+	report := func(b *testing.B, d, a latencies) {
+		dp50, dp99, ap50, ap99 := d.pct(.50), d.pct(.99), a.pct(.50), a.pct(.99)
+		b.ReportMetric(us(dp50), "direct-p50-µs")
+		b.ReportMetric(us(dp99), "direct-p99-µs")
+		b.ReportMetric(us(ap50), "agent-p50-µs")
+		b.ReportMetric(us(ap99), "agent-p99-µs")
+		b.ReportMetric(us(ap50-dp50), "p50-added-µs")
+		b.ReportMetric(us(ap99-dp99), "p99-added-µs")
+		b.ReportMetric(0, "ns/op")
+	}
+	b.Run("closed-loop-64", func(b *testing.B) {
+		const n = 20000
+		for range b.N {
+			closedLoop(b, cd, direct, 64, 2000) // warm-up: connections, buffers
+			closedLoop(b, ca, via, 64, 2000)
+			var d, a latencies
+			for range 10 {
+				d = append(d, closedLoop(b, cd, direct, 64, n/10)...)
+				a = append(a, closedLoop(b, ca, via, 64, n/10)...)
+			}
+			report(b, d, a)
+		}
+	})
+	b.Run("open-loop-2000rps", func(b *testing.B) {
+		for range b.N {
+			openLoop(b, cd, direct, 2000, 300*time.Millisecond)
+			openLoop(b, ca, via, 2000, 300*time.Millisecond)
+			// 3 s each, alternating in 300 ms slices so that both see the same background load.
+			var d, a latencies
+			for range 10 {
+				d = append(d, openLoop(b, cd, direct, 2000, 300*time.Millisecond)...)
+				a = append(a, openLoop(b, ca, via, 2000, 300*time.Millisecond)...)
+			}
+			report(b, d, a)
+		}
+	})
+}
+
+// BenchmarkHandler is the agent's own cost per call, in process, without the network: the
+// handler in front of a transport that answers at once.
+func BenchmarkHandler(b *testing.B) {
+	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
+	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
+		Downstreams: []assignment.Downstream{{
+			Name: "up", Upstream: "http://upstream.invalid", Permits: 1024, SafeDefaultPermits: 1024,
+			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
+			Rate:     &assignment.Rate{PerSecond: 1e9, Burst: 1 << 30, Mode: assignment.ModeTokenBucket},
+			Breaker:  &assignment.Breaker{Window: assignment.Duration(10 * time.Second), FailureRatePercent: 50, SlowCallThreshold: assignment.Duration(time.Second), SlowCallRatePercent: 100, MinimumCalls: 20, OpenDuration: assignment.Duration(30 * time.Second), HalfOpenProbes: 3},
+			Fallback: assignment.Fallback{Action: assignment.ActionReject},
+		}}}); err != nil {
+		b.Fatal(err)
+	}
+	h := New(Options{Enforcer: enf, Logger: quietLogger(), Transport: instantTransport{}})
+	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:15001/up/x?y=1", nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		w := &discardWriter{h: http.Header{}}
+		for pb.Next() {
+			clear(w.h)
+			h.ServeHTTP(w, req)
+			if w.code != 200 {
+				b.Fatalf("status %d", w.code)
+			}
+		}
+	})
+}
+
+type instantTransport struct{}
+
+func (instantTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Length": {"2"}}, Body: io.NopCloser(stringsReader("ok")),
+		ContentLength: 2, Request: r, ProtoMajor: 1, ProtoMinor: 1}, nil
+}
+
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.code = code }
+
+func stringsReader(s string) io.Reader { return &strReader{s: s} }
+
+type strReader struct{ s string }
+
+func (r *strReader) Read(p []byte) (int, error) {
+	if r.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p, r.s)
+	r.s = r.s[n:]
+	return n, nil
+}

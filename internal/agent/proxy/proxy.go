@@ -1,0 +1,442 @@
+// Package proxy is the agent's data plane: the HTTP handler of the local listener (default
+// 127.0.0.1:15001) between the app and its downstreams.
+//
+// Addressing: the app calls http://127.0.0.1:PORT/<downstream>/<path>?<query>; the call is
+// forwarded to the downstream's Upstream with /<path> appended to the upstream's path and the
+// query appended to the upstream's query. Request and response bodies are streamed (a chunked
+// response is flushed as it arrives); hop-by-hop headers (Connection and the headers it names,
+// Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade) are removed, the app's address
+// is appended to X-Forwarded-For (other forwarding headers the app sent pass unchanged), and the
+// Host header is the upstream's.
+//
+// Every call, in this order:
+//
+//  1. Unknown downstream: 404 application/problem+json, code APPORTION_UNKNOWN_DOWNSTREAM.
+//  2. A degrade switch matches: its action answers (reason degraded).
+//  3. The circuit breaker is open: the fallback answers (reason circuit-open, Retry-After =
+//     the time left until it admits probes), before a rate token or a permit is taken.
+//  4. No rate token within AcquireTimeout: the fallback answers (reason rate-limited).
+//  5. No permit within what is left of AcquireTimeout (at once when the effective limit is 0):
+//     the fallback answers (reason no-permit). Calls never queue at the downstream.
+//  6. A closed or half-open breaker is asked for the call's ticket only now, with the permit
+//     held, because a ticket cannot be handed back unused: a half-open probe slot must go to a
+//     call that is really forwarded. A half-open breaker whose probe slots are all taken
+//     refuses: the permit is released and the fallback answers (reason circuit-open, no
+//     Retry-After).
+//  7. Forwarded, with RequestTimeout as its deadline, holding the permit until the response
+//     body has been copied. The upstream's answer is passed through as is, 429 and its
+//     Retry-After included. Nothing is ever retried, not even by the HTTP transport (a call is
+//     sent once).
+//     - No response: 504 problem+json (code APPORTION_UPSTREAM_TIMEOUT) when RequestTimeout
+//     passed, 502 (code APPORTION_UPSTREAM_UNAVAILABLE) for any other error (refused, reset,
+//     closed).
+//     - The upstream fails after its header was passed on: the answer to the app is cut
+//     (the connection is aborted), the only honest signal left.
+//  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
+//     no response (a timeout, a connection error, or the app giving up first: from its side
+//     the call failed) or a body that broke on the upstream's side; a slow call is one at or
+//     above the breaker's threshold, measured to the response header.
+//
+// Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
+// (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
+// call at info level.
+//
+// Fallback answers are chosen by package fallback: Reject is 503 problem+json naming the
+// downstream and the reason (with Retry-After only when known), Static is the configured answer
+// and ServeStale the last GET 2xx response for the same URL younger than MaxStaleness, with Age
+// and X-Apportion-Fallback headers. A method that is not allowed (by default all but GET,
+// HEAD and OPTIONS) never gets a canned success: it is rejected. GET 2xx responses of a
+// downstream whose fallback or a switch is ServeStale are copied, while streamed to the app,
+// into the stale cache, which is bounded in bytes.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/breaker"
+	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/agent/degrade"
+	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/metrics"
+)
+
+// Options configure a Handler.
+type Options struct {
+	Enforcer *enforce.Enforcer
+	// Transport sends calls upstream; nil means NewTransport().
+	Transport http.RoundTripper
+	// StaleCacheBytes bounds the stale cache; 0 disables ServeStale's cache (it then rejects).
+	StaleCacheBytes int64
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler is the data plane handler.
+type Handler struct {
+	enf   *enforce.Enforcer
+	clock clock.Clock
+	rp    *httputil.ReverseProxy
+	stale *fallback.Cache // nil: nothing is cached
+	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
+	maxEntry int64
+	log      *slog.Logger
+}
+
+// NewTransport returns the shared upstream transport: keep-alive pools large enough for the
+// permits, no environment proxy, no transparent compression (bodies pass through unchanged).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy: nil,
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          0, // no global cap; per host below
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		WriteBufferSize:       16 << 10,
+		ReadBufferSize:        16 << 10,
+	}
+}
+
+// New returns the data plane handler.
+func New(o Options) *Handler {
+	if o.Transport == nil {
+		o.Transport = NewTransport()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger}
+	if o.StaleCacheBytes > 0 {
+		h.stale = fallback.NewCache(o.StaleCacheBytes)
+		h.maxEntry = min(o.StaleCacheBytes/8, 1<<20)
+	}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:        h.rewrite,
+		Transport:      o.Transport,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.errorHandler,
+		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
+		BufferPool:     bufferPool{},
+	}
+	return h
+}
+
+type callKey struct{}
+
+// call is one forwarded call's state, shared by ServeHTTP and the ReverseProxy hooks.
+type call struct {
+	h      *Handler
+	ds     *enforce.Downstream
+	cfg    *enforce.Config
+	rest   string // escaped path after /<downstream>, "" or starting with "/"
+	appCtx context.Context
+	ctx    context.Context // appCtx with RequestTimeout
+
+	sent    time.Time
+	took    time.Duration
+	status  int
+	err     error // no response
+	body    io.ReadCloser
+	bodyErr error // the upstream body failed
+	tee     *staleTee
+	key     string // stale cache key; "" when the response is not to be cached
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name, rest := splitPath(r.URL.EscapedPath())
+	t := h.enf.Table()
+	ds := t.Lookup(name)
+	if ds == nil {
+		writeProblem(w, http.StatusNotFound, CodeUnknownDownstream, "Unknown downstream",
+			"no downstream called "+quote(name)+" is configured; call http://127.0.0.1:PORT/<downstream>/<path>", "")
+		return
+	}
+	now := h.clock.Now()
+	start := time.Now()
+	cfg := ds.Config()
+	ds.CountRequest(now)
+
+	// 2. Degrade switches (1, unknown downstream, is above).
+	if sw := selectSwitch(t, name, r, now); sw != nil {
+		ds.CountRejected(metrics.ReasonDegraded)
+		h.answerFallback(w, r, ds, &sw.Action, fallback.Degraded, 0, now)
+		return
+	}
+	// 3. Circuit breaker: an open one refuses here, before a token or a permit is taken. A
+	// closed or half-open one is asked for the call's ticket once the permit is held (6),
+	// because a ticket cannot be handed back unused: a half-open probe slot must go to a call
+	// that is really forwarded.
+	br := ds.Breaker()
+	var tk breaker.Ticket
+	haveTicket := false
+	if br != nil && br.State(now) == breaker.Open {
+		var retry time.Duration
+		var ok bool
+		if tk, retry, ok = br.Allow(now); !ok {
+			ds.CountRejected(metrics.ReasonCircuitOpen)
+			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
+			return
+		}
+		haveTicket = true // it became half-open in between: this call is a probe
+	}
+	// giveBack returns a probe ticket taken above for a call that is not forwarded after all:
+	// the probe slot is freed and nothing is counted, so the breaker neither closes on a probe
+	// that never reached the downstream nor reopens because of our own rate or permit limits.
+	giveBack := func() {
+		if haveTicket {
+			tk.Cancel()
+		}
+	}
+	// 4. Rate.
+	if lim := ds.Limiter(); lim != nil {
+		wait, ok := lim.Reserve(now, cfg.AcquireTimeout)
+		if !ok {
+			giveBack()
+			ds.CountRejected(metrics.ReasonRateLimited)
+			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.RateLimited, 0, now)
+			return
+		}
+		if wait > 0 && !sleep(r.Context(), wait) {
+			giveBack()
+			return // the app left
+		}
+	}
+	// 5. Permit, then 6, the ticket of a closed or half-open breaker.
+	if !ds.Sem.TryAcquire() {
+		remaining := cfg.AcquireTimeout - time.Since(start)
+		if ds.Effective() == 0 || remaining <= 0 {
+			giveBack()
+			ds.CountRejected(metrics.ReasonNoPermit)
+			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), remaining)
+		err := ds.Sem.Acquire(ctx)
+		cancel()
+		if err != nil {
+			giveBack()
+			if r.Context().Err() != nil {
+				return // the app left
+			}
+			ds.CountRejected(metrics.ReasonNoPermit)
+			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
+			return
+		}
+	}
+	if br != nil && !haveTicket {
+		now := h.clock.Now()
+		var retry time.Duration
+		var ok bool
+		if tk, retry, ok = br.Allow(now); !ok {
+			ds.Sem.Release()
+			ds.CountRejected(metrics.ReasonCircuitOpen)
+			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
+			return
+		}
+	}
+	ds.Metrics.AcquireWait.Observe(time.Since(start).Seconds())
+
+	// 7. Forward; 8, release and record, in the deferred function.
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context()}
+	ctx, cancel := context.WithTimeout(r.Context(), cfg.RequestTimeout)
+	c.ctx = ctx
+	defer func() {
+		cancel()
+		ds.Sem.Release()
+		c.finish(tk)
+	}()
+	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
+		c.key = fallback.Key(name, r.URL.RequestURI())
+	}
+	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
+}
+
+// finish records the outcome; it runs even when the ReverseProxy aborts the answer.
+//
+// The breaker's verdict: no response at all (timeout, connection error, or the app giving up
+// first: from its side the call failed), a 5xx, a 429, or a response body that broke on the
+// upstream's side are failures.
+func (c *call) finish(tk breaker.Ticket) {
+	class := metrics.ClassError
+	failed := true
+	if c.err == nil {
+		class = metrics.ClassOf(c.status)
+		failed = c.status >= 500 || c.status == http.StatusTooManyRequests || (c.bodyErr != nil && c.appCtx.Err() == nil)
+	}
+	if c.err != nil && c.sent.IsZero() {
+		c.took = 0
+	}
+	c.ds.Metrics.Upstream[class].Inc()
+	c.ds.Metrics.UpstreamDuration.Observe(c.took.Seconds())
+	tk.Done(c.h.clock.Now(), failed, c.took)
+}
+
+func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
+	c := pr.In.Context().Value(callKey{}).(*call)
+	u := c.cfg.Upstream
+	out := pr.Out
+	out.URL.Scheme = u.Scheme
+	out.URL.Host = u.Host
+	joined := u.EscapedPath()
+	if c.rest != "" {
+		joined = strings.TrimSuffix(joined, "/") + c.rest
+	}
+	if p, err := url.PathUnescape(joined); err == nil {
+		out.URL.Path, out.URL.RawPath = p, joined
+	} else {
+		out.URL.Path, out.URL.RawPath = joined, ""
+	}
+	if u.RawQuery != "" {
+		if out.URL.RawQuery == "" {
+			out.URL.RawQuery = u.RawQuery
+		} else {
+			out.URL.RawQuery = u.RawQuery + "&" + out.URL.RawQuery
+		}
+	}
+	out.Host = ""
+	// X-Forwarded-For: the app's chain, if any, plus the app's address. The other forwarding
+	// headers the app sent (Forwarded, X-Forwarded-Host, X-Forwarded-Proto) pass unchanged;
+	// the agent adds none of its own: it is the app's egress, and the upstream must not take
+	// 127.0.0.1:15001 for the host its links should name.
+	in := pr.In.Header
+	for _, k := range [...]string{"Forwarded", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v, ok := in[k]; ok {
+			out.Header[k] = v
+		}
+	}
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		if prior := in["X-Forwarded-For"]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		out.Header["X-Forwarded-For"] = []string{ip}
+	}
+	if out.Body == nil {
+		// A request without a body is "replayable" to http.Transport, which then re-sends it
+		// when a kept-alive connection fails before the first response byte. The upstream may
+		// have received it: the agent never retries, so make the request non-replayable. The
+		// transport probes the body, finds it empty and sends no body.
+		out.Body = noRetryBody{}
+		out.ContentLength = 0
+	}
+	c.sent = time.Now()
+}
+
+func (h *Handler) modifyResponse(res *http.Response) error {
+	c := res.Request.Context().Value(callKey{}).(*call)
+	c.status = res.StatusCode
+	c.took = time.Since(c.sent)
+	if res.StatusCode == http.StatusTooManyRequests {
+		c.ds.CountUpstream429()
+	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		return nil // an upgraded connection: the ReverseProxy needs its writable body
+	}
+	c.body = res.Body
+	res.Body = c
+	if c.key != "" {
+		c.tee = h.newTee(c.key, res.Request, res)
+	}
+	return nil
+}
+
+// Read passes the upstream body through, noting a failure and teeing into the stale cache.
+func (c *call) Read(p []byte) (int, error) {
+	n, err := c.body.Read(p)
+	if c.tee != nil && n > 0 && !c.tee.write(p[:n]) {
+		c.tee = nil // larger than an entry may be
+	}
+	if err != nil {
+		if err == io.EOF {
+			if c.tee != nil {
+				c.h.storeTee(c.tee, c.h.clock.Now())
+				c.tee = nil
+			}
+		} else if c.bodyErr == nil {
+			c.bodyErr = err
+			c.tee = nil
+		}
+	}
+	return n, err
+}
+
+// Close closes the upstream body.
+func (c *call) Close() error { return c.body.Close() }
+
+func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	c, _ := r.Context().Value(callKey{}).(*call)
+	if c == nil {
+		writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable", err.Error(), "")
+		return
+	}
+	c.err = err
+	if !c.sent.IsZero() {
+		c.took = time.Since(c.sent)
+	}
+	if c.appCtx.Err() != nil {
+		return // the app left: nobody to answer
+	}
+	if errors.Is(c.ctx.Err(), context.DeadlineExceeded) {
+		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout",
+			"the downstream did not answer within its requestTimeout of "+c.cfg.RequestTimeout.String(), c.cfg.Name)
+		return
+	}
+	h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
+	writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable",
+		"the call to the downstream failed: "+err.Error(), c.cfg.Name)
+}
+
+// splitPath splits "/<name>/<rest>" into name and "/<rest>" (rest is "" for "/<name>").
+func splitPath(p string) (name, rest string) {
+	p = strings.TrimPrefix(p, "/")
+	if i := strings.IndexByte(p, '/'); i >= 0 {
+		return p[:i], p[i:]
+	}
+	return p, ""
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+type noRetryBody struct{}
+
+func (noRetryBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (noRetryBody) Close() error             { return nil }
+
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
+}
+
+func selectSwitch(t *enforce.Table, name string, r *http.Request, now time.Time) *degrade.Switch {
+	if len(t.Switches) == 0 {
+		return nil
+	}
+	return degrade.Select(t.Switches, name, degrade.RequestView{Method: r.Method, Header: r.Header, Rand: rand.Uint32}, now)
+}
