@@ -51,6 +51,9 @@ type DownstreamQuotaReconciler struct {
 	// Changes carries quota keys whose push state changed (acks, failures) so that their
 	// status is refreshed; may be nil.
 	Changes <-chan event.GenericEvent
+	// KeyReplicator makes the agents' key Secret available in a quota's namespace, where its pods
+	// mount it; may be nil.
+	KeyReplicator func(ctx context.Context, namespace string) error
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -60,6 +63,7 @@ type DownstreamQuotaReconciler struct {
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=secrets;configmaps,verbs=get;create;update
 
 // Reconcile implements reconcile.Reconciler.
 func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -72,6 +76,12 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
+	}
+
+	if r.KeyReplicator != nil {
+		if err := r.KeyReplicator(ctx, dq.Namespace); err != nil {
+			return ctrl.Result{}, fmt.Errorf("agent keys for namespace %s: %w", dq.Namespace, err)
+		}
 	}
 
 	obs := make([]targetObservation, len(dq.Spec.Targets))
