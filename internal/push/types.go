@@ -15,12 +15,17 @@ type DesiredQuota struct {
 	Key types.NamespacedName
 	// Generation is the DownstreamQuota's metadata.generation, for status.
 	Generation int64
-	// Limit is the global in-flight limit; Σ ledger ≤ Limit always.
+	// Limit is the global in-flight limit: no pod is raised unless Σ ledger ≤ Limit after it.
 	Limit int32
-	// Downstream is the per-pod enforcement template; Permits and SafeDefaultPermits are set per
-	// pod from Pods.
+	// Downstream is the per-pod enforcement template; Name is set to Key.Name, and Permits,
+	// SafeDefaultPermits and Rate are set per pod from Pods (a non-nil Rate only gives the Mode;
+	// TokenBucket when nil).
 	Downstream assignment.Downstream
-	// Pods are every pod that may be calling, terminating ones included.
+	// Pods are every pod that may be calling, terminating ones included. A pod left out is
+	// lowered to 0 and released once it counts nothing; a pod left out of every quota is taken as
+	// gone: its permits stay counted until its lease lapsed plus a request timeout (its fallback
+	// until a request timeout after it went), then it is released entirely. So a pod that still
+	// exists and may still call must stay listed (with Permits 0 if it should not call any more).
 	Pods []DesiredPod
 	// Switches are the degrade switches of this downstream in force now.
 	Switches []TargetedSwitch
@@ -35,7 +40,9 @@ type DesiredPod struct {
 	// Endpoint is the agent's control base URL, e.g. "http://10.1.2.3:15000"; empty when the pod
 	// has no IP or no agent port yet (then it cannot be calling and is not pushed to).
 	Endpoint string
-	// Permits is the pod's desired in-flight limit, SafeDefault what it falls back to.
+	// Permits is the pod's desired in-flight limit, SafeDefault what it falls back to when its
+	// lease lapses. The engine grants Permits only as far as the ledger has room, and 0 while the
+	// pod is terminating.
 	Permits     int32
 	SafeDefault int32
 	// RatePerSecond and RateBurst are the pod's share of the rate contract (0: none).
@@ -58,12 +65,13 @@ type Report struct {
 	Ledger int32
 	// Holdings per pod, sorted by name.
 	Holdings []Holding
-	// Unreachable lists pods whose last push failed.
+	// Unreachable lists pods whose last Options.UnreachableAfter requests failed, sorted.
 	Unreachable []string
 	// LastRebalanceDuration is from the last change of desired permits until every reachable pod
 	// acknowledged it; zero while one is still under way.
 	LastRebalanceDuration time.Duration
-	// Converged is true when every pod with an endpoint acknowledged its desired permits.
+	// Converged is true when every listed pod with an endpoint acknowledged its desired permits
+	// (0 for terminating pods).
 	Converged bool
 	// Recovering is true while a new manager waits out leases before raising anyone.
 	Recovering bool
@@ -71,10 +79,19 @@ type Report struct {
 
 // Holding is one pod's line in the ledger.
 type Holding struct {
-	Pod      string
-	Target   string
-	Granted  int32
-	Counted  int32
+	Pod    string
+	Target string
+	// Granted is the permits decided for the pod, pushed or being pushed.
+	Granted int32
+	// Counted is what the ledger counts for the pod (docs/protocol.md §4): at least Granted,
+	// every push it may hold until its lease and a request timeout passed, its fallback after
+	// that, the calls it reported in flight, and bounds for what it may hold unseen.
+	Counted int32
+	// InFlight is what the agent last reported in flight.
 	InFlight int32
-	Synced   bool
+	// Synced is true when the agent acknowledged holding the pod's desired permits (0 for a
+	// terminating pod) and that is also what is granted.
+	Synced bool
+	// Gone is true for a pod no longer listed in the quota that is still counted.
+	Gone bool
 }

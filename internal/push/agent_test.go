@@ -1,0 +1,167 @@
+package push
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/control"
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// testBackend is an agent backend with the enforcer's documented semantics (fencing by
+// (epoch, generation), a renewal for the pair held, a lease from acceptance, the fallback when it
+// lapses), reading the test's clock. The engine tests serve it through the agent's real control
+// handler (authentication, strict decoding, 409 answers).
+type testBackend struct {
+	mu         sync.Mutex
+	now        func() time.Time
+	epoch, gen int64
+	configured bool
+	a          *assignment.Assignment
+	acceptedAt time.Time
+	inflight   map[string]int32
+	// accepted lists every assignment applied (renewals included) as "e<epoch>/g<gen>".
+	accepted []string
+}
+
+func newTestBackend(now func() time.Time) *testBackend {
+	return &testBackend{now: now, inflight: map[string]int32{}}
+}
+
+func (b *testBackend) Apply(a *assignment.Assignment) (assignment.State, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.configured {
+		if c := assignment.ComparePair(a.Epoch, a.Generation, b.epoch, b.gen); c < 0 {
+			return b.stateLocked(), fmt.Errorf("%w: pushed %d/%d", assignment.ErrStale, a.Epoch, a.Generation)
+		} else if c == 0 {
+			b.acceptedAt = b.now()
+			b.accepted = append(b.accepted, fmt.Sprintf("e%d/g%d", a.Epoch, a.Generation))
+			return b.stateLocked(), nil
+		}
+	}
+	b.epoch, b.gen, b.configured, b.a, b.acceptedAt = a.Epoch, a.Generation, true, a, b.now()
+	b.accepted = append(b.accepted, fmt.Sprintf("e%d/g%d", a.Epoch, a.Generation))
+	return b.stateLocked(), nil
+}
+
+func (b *testBackend) State() assignment.State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stateLocked()
+}
+
+func (b *testBackend) Ready() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.configured
+}
+
+func (b *testBackend) stateLocked() assignment.State {
+	st := assignment.State{Epoch: b.epoch, Generation: b.gen, Configured: b.configured}
+	if b.a == nil {
+		return st
+	}
+	now := b.now()
+	st.LeaseExpiresAt = b.acceptedAt.Add(b.a.LeaseTTL.D())
+	st.LeaseExpired = !now.Before(st.LeaseExpiresAt)
+	for _, d := range b.a.Downstreams {
+		eff := d.Permits
+		if st.LeaseExpired {
+			eff = min(d.Permits, d.SafeDefaultPermits)
+			if d.FailClosed {
+				eff = 0
+			}
+		}
+		st.Downstreams = append(st.Downstreams, assignment.DownstreamState{
+			Name: d.Name, Permits: d.Permits, EffectivePermits: eff, InFlight: b.inflight[d.Name],
+		})
+	}
+	for _, s := range b.a.Switches {
+		st.Switches = append(st.Switches, assignment.SwitchState{Name: s.Name, Active: now.Before(s.ExpiresAt), ExpiresAt: s.ExpiresAt})
+	}
+	return st
+}
+
+// permits is what the backend holds for a downstream (-1 when unconfigured), and its epoch.
+func (b *testBackend) permits(ds string) (int32, int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.a == nil {
+		return -1, 0
+	}
+	for _, d := range b.a.Downstreams {
+		if d.Name == ds {
+			return d.Permits, b.epoch
+		}
+	}
+	return 0, b.epoch
+}
+
+// Agent modes.
+const (
+	agentNormal int32 = iota
+	agentFail         // answers 503
+	agentHang         // holds every request until the client gives up or release is closed
+)
+
+// testAgent is one in-process agent on a loopback httptest server.
+type testAgent struct {
+	b       *testBackend
+	srv     *httptest.Server
+	mode    atomic.Int32
+	release chan struct{}
+	calls   atomic.Int64
+}
+
+var quietLog = slog.New(slog.DiscardHandler)
+
+var testKey = assignment.Key{ID: "k20260701-120000", Secret: []byte("0123456789abcdef0123456789abcdef-test-secret")}
+
+func testKeys(t testing.TB) assignment.KeySet {
+	ks, err := assignment.NewKeySet(testKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+func newTestAgent(t testing.TB, now func() time.Time) *testAgent {
+	ks := testKeys(t)
+	ta := &testAgent{b: newTestBackend(now), release: make(chan struct{})}
+	h := control.New(control.Options{Backend: ta.b, Keys: func() assignment.KeySet { return ks }, Logger: quietLog})
+	ta.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ta.calls.Add(1)
+		switch ta.mode.Load() {
+		case agentFail:
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		case agentHang:
+			select {
+			case <-r.Context().Done():
+				return
+			case <-ta.release:
+			}
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		ta.unblock()
+		ta.srv.Close()
+	})
+	return ta
+}
+
+var releaseOnce sync.Map
+
+func (ta *testAgent) unblock() {
+	if _, loaded := releaseOnce.LoadOrStore(ta, true); !loaded {
+		close(ta.release)
+	}
+}

@@ -1,0 +1,329 @@
+package push
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// ErrFenced is returned by Start when an agent holds an assignment of a newer epoch: another
+// manager took over, and this one must stop (the manager process exits and restarts).
+var ErrFenced = errors.New("push: an agent holds a newer epoch; this manager is stale")
+
+// Engine delivers every pod's permits and degrade switches to its agent and keeps, per quota, a
+// ledger of what every pod may be using, so that the permits live pods hold never sum above the
+// quota's limit. See docs/protocol.md.
+//
+// The controllers call SetQuota, DeleteQuota, Report and SwitchApplied from any goroutine; the
+// manager runs Start (a leader-election Runnable).
+type Engine struct {
+	o     Options
+	clock clock.Clock
+	m     *metrics
+
+	mu         sync.Mutex
+	cond       *sync.Cond // signalled when work is ready or the engine stops
+	c          *core
+	stopping   bool
+	waitingFor time.Time // the scheduler's current deadline; zero when it waits without one
+
+	kick      chan struct{}
+	fencedCh  chan struct{}
+	fenceOnce sync.Once
+	started   atomic.Bool
+
+	nmu      sync.Mutex
+	nset     map[types.NamespacedName]struct{}
+	notifyCh chan struct{}
+}
+
+// New builds an Engine. It pushes nothing until Start.
+func New(opts Options) (*Engine, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("push: registering metrics: %w", err)
+	}
+	e := &Engine{
+		o:        opts,
+		clock:    opts.Clock,
+		m:        m,
+		kick:     make(chan struct{}, 1),
+		fencedCh: make(chan struct{}),
+		nset:     map[types.NamespacedName]struct{}{},
+		notifyCh: make(chan struct{}, 1),
+	}
+	e.cond = sync.NewCond(&e.mu)
+	e.c = newCore(&e.o, m)
+	return e, nil
+}
+
+// NeedLeaderElection makes the manager run the engine only on the leader.
+func (e *Engine) NeedLeaderElection() bool { return true }
+
+// Start takes a new epoch, then runs recovery and the push loops until ctx is done. It returns
+// ErrFenced if a newer manager took over, nil when ctx ends. It may be called once.
+func (e *Engine) Start(ctx context.Context) error {
+	if !e.started.CompareAndSwap(false, true) {
+		return errors.New("push: Engine.Start called twice")
+	}
+	epoch, err := e.nextEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	if epoch == 0 {
+		return nil // ctx ended first
+	}
+	e.o.Logger.Info("push engine starting", "epoch", epoch, "leaseTTL", e.o.LeaseTTL, "renewEvery", e.o.RenewEvery)
+
+	e.mu.Lock()
+	e.c.begin(epoch, e.clock.Now())
+	e.afterLocked()
+	e.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range e.o.Workers {
+		wg.Go(func() { e.worker(ctx) })
+	}
+	wg.Go(func() { e.scheduler(ctx) })
+	go e.notifier(ctx) // not waited for: OnChange may block on a consumer that stopped
+
+	var res error
+	select {
+	case <-ctx.Done():
+	case <-e.fencedCh:
+		res = ErrFenced
+	}
+	e.mu.Lock()
+	e.stopping = true
+	e.cond.Broadcast()
+	e.mu.Unlock()
+	cancel()
+	wg.Wait()
+	return res
+}
+
+func (e *Engine) nextEpoch(ctx context.Context) (int64, error) {
+	delay := e.o.RetryBase
+	for {
+		epoch, err := e.o.Epoch.NextEpoch(ctx)
+		if err == nil {
+			if epoch < 1 {
+				return 0, fmt.Errorf("push: epoch source returned %d; epochs start at 1", epoch)
+			}
+			return epoch, nil
+		}
+		if ctx.Err() != nil {
+			return 0, nil
+		}
+		e.o.Logger.Error(err, "taking a new epoch; retrying", "in", delay)
+		select {
+		case <-ctx.Done():
+			return 0, nil
+		case <-e.clock.After(delay):
+		}
+		delay = min(delay*2, e.o.RetryMax)
+	}
+}
+
+// SetQuota hands over what every pod of one quota should hold. It returns at once; the engine
+// lowers, raises and pushes in the background. Calling it again with the same content is cheap.
+func (e *Engine) SetQuota(d DesiredQuota) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.c.setQuota(d, e.clock.Now())
+	e.afterLocked()
+}
+
+// DeleteQuota forgets a quota and removes its downstream from every pod's assignment.
+func (e *Engine) DeleteQuota(key types.NamespacedName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.c.deleteQuota(key, e.clock.Now())
+	e.afterLocked()
+}
+
+// Report is what the engine knows of one quota now; the zero Report (with Recovering) for a
+// quota it does not know.
+func (e *Engine) Report(key types.NamespacedName) Report {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.report(key, e.clock.Now())
+}
+
+// SwitchApplied counts, for the degrade switch named name ("<namespace>/<DegradeRule name>"),
+// the pods (with an agent endpoint) whose assignment carries the switch in its current form
+// (total) and those whose agent acknowledged exactly that form (applied). (0, 0) when no pod
+// should hold it, e.g. once it was switched off.
+func (e *Engine) SwitchApplied(name string) (applied, total int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.switchApplied(name)
+}
+
+// Epoch is the engine's fencing epoch; 0 before Start took one.
+func (e *Engine) Epoch() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.c.epoch
+}
+
+// afterLocked wakes workers for ready work, the scheduler for an earlier deadline, the
+// notifier for changed reports, and Start when fenced. e.mu is held.
+func (e *Engine) afterLocked() {
+	if e.c.hasReady() {
+		e.cond.Broadcast()
+	}
+	if e.c.needsFlush() {
+		// Replans are the scheduler's: answers arriving together are planned once.
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+	} else if next := e.c.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
+		e.waitingFor = next
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+	}
+	if keys := e.c.takeChanged(); len(keys) > 0 && e.o.OnChange != nil {
+		e.nmu.Lock()
+		for _, k := range keys {
+			e.nset[k] = struct{}{}
+		}
+		e.nmu.Unlock()
+		select {
+		case e.notifyCh <- struct{}{}:
+		default:
+		}
+	}
+	if e.c.fenced {
+		e.fenceOnce.Do(func() { close(e.fencedCh) })
+	}
+}
+
+func (e *Engine) scheduler(ctx context.Context) {
+	for {
+		e.mu.Lock()
+		now := e.clock.Now()
+		e.c.advance(now)
+		next := e.c.nextWake()
+		e.waitingFor = next
+		e.afterLocked()
+		e.mu.Unlock()
+
+		var tc <-chan time.Time
+		var t clock.Timer
+		if !next.IsZero() {
+			t = e.clock.NewTimer(next.Sub(now))
+			tc = t.C()
+		}
+		select {
+		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
+			return
+		case <-tc:
+		case <-e.kick:
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+func (e *Engine) worker(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		for !e.stopping && !e.c.hasReady() {
+			e.cond.Wait()
+		}
+		if e.stopping {
+			return
+		}
+		w := e.c.startWork(e.c.popReady(), e.clock.Now())
+		if w == nil {
+			continue
+		}
+		e.mu.Unlock()
+		st, err := e.do(ctx, w)
+		e.mu.Lock()
+		if e.stopping {
+			return
+		}
+		e.c.finishWork(w, st, err, e.clock.Now())
+		e.afterLocked()
+	}
+}
+
+// do sends one request, bounded by PushTimeout, and records its metrics.
+func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, error) {
+	rctx, cancel := context.WithTimeout(ctx, e.o.PushTimeout)
+	defer cancel()
+	start := time.Now()
+	var st *assignment.State
+	var err error
+	if w.kind == kindPush {
+		st, err = e.o.Client.Push(rctx, w.endpoint, w.a)
+	} else {
+		st, err = e.o.Client.State(rctx, w.endpoint)
+	}
+	if err == nil && st == nil {
+		err = errors.New("agent client returned no state")
+	}
+	result := resultOK
+	var se *assignment.StatusError
+	switch {
+	case err == nil:
+	case errors.As(err, new(*assignment.StaleError)):
+		result = resultStale
+	case errors.As(err, &se) && se.StatusCode < 500:
+		result = resultRefused
+	case ctx.Err() != nil:
+		result = resultUnavailable
+	case errors.Is(rctx.Err(), context.DeadlineExceeded):
+		result = resultTimeout
+	default:
+		result = resultError
+	}
+	e.m.request(w.kind, result, time.Since(start).Seconds())
+	return st, err
+}
+
+func (e *Engine) notifier(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.notifyCh:
+		}
+		e.nmu.Lock()
+		keys := make([]types.NamespacedName, 0, len(e.nset))
+		for k := range e.nset {
+			keys = append(keys, k)
+		}
+		clear(e.nset)
+		e.nmu.Unlock()
+		for _, k := range keys {
+			if ctx.Err() != nil {
+				return
+			}
+			e.o.OnChange(k)
+		}
+	}
+}

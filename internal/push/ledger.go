@@ -1,0 +1,299 @@
+package push
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// This file holds the ledger's records and the one function that turns them into what a pod
+// may be using: held. The argument for why held is an upper bound is in docs/protocol.md
+// ("Why Σ ≤ limit holds"); the comments here point at its steps.
+
+// hold is what one version of a pod's assignment gives one downstream.
+type hold struct {
+	permits  int32         // the limit while the lease holds
+	fallback int32         // the limit once the lease lapsed: min(permits, safe default), 0 if fail-closed
+	rt       time.Duration // the request timeout: how long a call started under this version may last
+}
+
+// version is one assignment the engine sent to a pod, which the agent may hold now or accept
+// later. Versions older than the generation an agent reported holding are dropped (fencing: the
+// agent refuses them from then on).
+type version struct {
+	gen   int64
+	a     *assignment.Assignment // immutable snapshot, shared with the request that sends it
+	holds map[string]hold        // by downstream (quota) name
+
+	// The lease this version may have started ends by the latest of:
+	okEnd   time.Time // every answered send: answer received + LeaseTTL
+	failEnd time.Time // every unanswered send: sentAt + PushTimeout + AcceptGrace + LeaseTTL
+	sendEnd time.Time // the send in flight, counted like an unanswered one until it is answered
+}
+
+func (v *version) leaseEnd() time.Time { return maxTime(v.okEnd, v.failEnd, v.sendEnd) }
+
+func newVersion(a *assignment.Assignment) *version {
+	v := &version{gen: a.Generation, a: a, holds: make(map[string]hold, len(a.Downstreams))}
+	for _, d := range a.Downstreams {
+		fb := min(d.Permits, d.SafeDefaultPermits)
+		if d.FailClosed {
+			fb = 0
+		}
+		v.holds[d.Name] = hold{permits: d.Permits, fallback: max(fb, 0), rt: d.RequestTimeout.D()}
+	}
+	return v
+}
+
+// foreignHold is what an agent reported holding from another manager incarnation (an older
+// epoch) or from its bootstrap file (epoch 0), before it accepted anything from this one.
+type foreignHold struct {
+	epoch     int64
+	bootstrap bool
+	// leaseEnd bounds when the other manager's last lease may end: it stopped pushing before
+	// this engine started (leader election), so engine start + PushTimeout + AcceptGrace +
+	// LeaseTTL.
+	leaseEnd time.Time
+	holds    map[string]foreignDS
+}
+
+type foreignDS struct {
+	permits   int32 // assigned
+	effective int32 // in force when reported (the bootstrap runs on safe defaults)
+}
+
+// quotaState is one DownstreamQuota's desired state and ledger.
+type quotaState struct {
+	key     types.NamespacedName
+	desired DesiredQuota // deep copy; Pods is not kept
+	maxRT   time.Duration
+	entries map[types.UID]*entry
+	resort  bool // entries changed since sorted was built
+	sorted  []*entry
+
+	changeAt      time.Time // when the desired permits last changed
+	rebalancing   bool
+	lastRebalance time.Duration
+
+	wakeAt  time.Time // next time the ledger's counts may change by themselves
+	dirty   bool      // marked for a replan at the next flush
+	summary uint64    // hash of what Report shows, to detect changes
+}
+
+func (q *quotaState) entryList() []*entry {
+	if q.resort || q.sorted == nil {
+		q.sorted = q.sorted[:0]
+		for _, e := range q.entries {
+			q.sorted = append(q.sorted, e)
+		}
+		sortEntries(q.sorted)
+		q.resort = false
+	}
+	return q.sorted
+}
+
+// entry is one pod's line in one quota's ledger.
+type entry struct {
+	q   *quotaState
+	pod *podState
+
+	present     bool // listed in the quota's desired pods
+	desired     DesiredPod
+	target      string // workload name
+	terminating bool
+	sd          int32         // desired safe default
+	rt          time.Duration // the longest request timeout this pod was ever given for the quota
+
+	grant int32 // permits decided for the pod (in its content), reserved in the ledger
+
+	inflight   int32 // calls in flight for this downstream at the last report
+	inflightAt time.Time
+	requests   int64 // the agent's request counter at the last report (it only grows within a process)
+
+	// carry is what the pod's previous agent process may still have running after the agent
+	// restarted (its state went backwards): counted on top of everything else until carryUntil.
+	carry      int32
+	carryUntil time.Time
+}
+
+// podState is one pod's agent as the engine knows it, across quotas.
+type podState struct {
+	uid       types.UID
+	name      string
+	namespace string
+	endpoint  string
+	everIP    bool // the pod had an endpoint once (it may be calling)
+	entries   map[types.NamespacedName]*entry
+	goneAt    time.Time // when the pod stopped being listed by any quota; zero while listed
+	finalPush bool      // every quota of the pod was deleted: push it an empty assignment, then forget it
+	removed   bool
+
+	gen     int64                  // generation of content
+	content *assignment.Assignment // what the pod should hold now; nil before the epoch is known
+	dirty   bool
+
+	// What the agent reported.
+	known      bool // answered at least once
+	configured bool
+	lastEpoch  int64 // the (epoch, generation) of the last report, to notice a restarted agent
+	lastGen    int64
+	reportAt   time.Time // when the last report arrived
+	ackedGen   int64     // this epoch's generation the agent held at its last report; 0 if none
+	okGen      int64     // generation of the last successful PUT (0: content must be pushed)
+	versions   []*version
+	foreign    *foreignHold
+
+	// Requests.
+	busy     *work
+	queued   bool
+	failures int
+	retryAt  time.Time
+	renewAt  time.Time
+	pollAt   time.Time
+	wakeAt   time.Time
+}
+
+func (p *podState) present() bool {
+	for _, e := range p.entries {
+		if e.present {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *podState) version(gen int64) *version {
+	for _, v := range p.versions {
+		if v.gen == gen {
+			return v
+		}
+	}
+	return nil
+}
+
+// held bounds the permits the entry's pod may be using for the quota, now or at any later time
+// unless the engine sends it something new, leaving aside the entry's grant: the pod counts
+// carry + max(n, phantom, grant), where n bounds what it surely may hold and phantom what it
+// may hold unseen. It also returns the earliest later time at which that may drop (zero if
+// never).
+//
+//   - Calls reported in flight at the last report stay counted for a request timeout
+//     (a call that started before the report ends by then).
+//   - Every version the agent may hold (sent and not retired by a report of a newer generation)
+//     counts its permits until its lease may have ended plus a request timeout, then its
+//     fallback while the pod exists, and for a request timeout after the pod is gone.
+//   - Holdings of another manager count like a version whose lease ends a lease window
+//     (PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
+//     when it answered surely, its permits as a phantom bound (its lease may have lapsed). A
+//     bootstrap file never raises, so it counts at what it enforced.
+//   - A pod that has had an IP but never answered may run on a bootstrap file: its safe default
+//     as a phantom, until a lease window plus a request timeout after it is gone. So may a pod
+//     whose last report came before a previous manager's last push could land
+//     (mayHoldLateForeign).
+//   - When an agent restarted, the calls of its previous process may still run for a request
+//     timeout, on top of what the new process admits: the bound before the restart is carried
+//     and added.
+func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time.Time) {
+	p := e.pod
+	name := e.q.key.Name
+	gone := !p.goneAt.IsZero()
+	window := c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL
+	// count adds val while now < end (forever when end is zero) and notes when it drops.
+	count := func(val int32, end time.Time) {
+		if val <= 0 {
+			return
+		}
+		if end.IsZero() {
+			n = max(n, val)
+			return
+		}
+		if now.Before(end) {
+			n = max(n, val)
+			next = minTime(next, end)
+		}
+	}
+	// lease counts permits until leaseEnd + rt, then fallback while the pod exists and until
+	// rt after it is gone (a call started just before it went may still run).
+	lease := func(permits int32, leaseEnd time.Time, rt time.Duration, fallback int32) {
+		count(permits, leaseEnd.Add(rt))
+		if gone {
+			count(fallback, p.goneAt.Add(rt))
+		} else {
+			count(fallback, time.Time{})
+		}
+	}
+	if !e.inflightAt.IsZero() {
+		count(e.inflight, e.inflightAt.Add(e.rt))
+	}
+	for _, v := range p.versions {
+		if h, ok := v.holds[name]; ok {
+			lease(h.permits, v.leaseEnd(), max(h.rt, e.rt), h.fallback)
+		}
+	}
+	if f := p.foreign; f != nil {
+		if h, ok := f.holds[name]; ok {
+			switch {
+			case f.bootstrap && gone:
+				count(h.effective, p.goneAt.Add(window+e.rt))
+			case f.bootstrap:
+				count(h.effective, time.Time{})
+			default:
+				// What it enforced when it answered is surely held; its permits are only a bound
+				// (its lease may have lapsed already, or lapse before that of another manager).
+				fb := min(h.permits, e.sd)
+				lease(h.effective, f.leaseEnd, e.rt, fb)
+				if end := f.leaseEnd.Add(e.rt); now.Before(end) && h.permits > h.effective {
+					phantom = max(phantom, h.permits)
+					next = minTime(next, end)
+				}
+			}
+		}
+	}
+	if (!p.known && p.everIP) || c.mayHoldLateForeign(p) {
+		if !gone {
+			phantom = max(phantom, e.sd)
+		} else if end := p.goneAt.Add(window + e.rt); now.Before(end) {
+			phantom = max(phantom, e.sd)
+			next = minTime(next, end)
+		}
+	}
+	if e.carry > 0 && now.Before(e.carryUntil) {
+		carry = e.carry
+		next = minTime(next, e.carryUntil)
+	}
+	return n, phantom, carry, next
+}
+
+// mayHoldLateForeign says whether the pod may hold an assignment of a previous manager that the
+// engine has not seen: its last report came before engine start + PushTimeout + AcceptGrace (a
+// push the previous manager sent before this engine started may land until then) and it has not
+// acknowledged this epoch (which would fence such a push off). Its lease has lapsed by the end of
+// recovery; then it runs on a fallback, at most its safe default.
+func (c *core) mayHoldLateForeign(p *podState) bool {
+	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+}
+
+// counted is what the ledger counts for the entry now.
+func (c *core) counted(e *entry, now time.Time) int32 {
+	n, phantom, carry, _ := c.held(e, now)
+	return carry + max(n, phantom, e.grant)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+func maxTime(ts ...time.Time) time.Time {
+	var m time.Time
+	for _, t := range ts {
+		if t.After(m) {
+			m = t
+		}
+	}
+	return m
+}

@@ -1,0 +1,118 @@
+package push
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Results of a control request, the result label of apportion_manager_pushes_total.
+const (
+	resultOK          = "ok"          // the agent answered with its State
+	resultStale       = "stale"       // 409: the agent holds a newer (epoch, generation)
+	resultRefused     = "refused"     // another 4xx: not accepted (authentication, validation)
+	resultError       = "error"       // 5xx or a transport error: may have been accepted
+	resultTimeout     = "timeout"     // no answer within PushTimeout: may have been accepted
+	resultUnavailable = "unavailable" // the request could not be made (engine stopping)
+)
+
+type metrics struct {
+	pushes      *prometheus.CounterVec
+	states      *prometheus.CounterVec
+	duration    prometheus.Histogram
+	ledger      *prometheus.GaugeVec
+	limit       *prometheus.GaugeVec
+	unreachable *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apportion_manager_pushes_total",
+			Help: "Assignments pushed to agents (PUT /v1/assignment), by result: ok, stale, refused, error, timeout.",
+		}, []string{"result"}),
+		states: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apportion_manager_state_requests_total",
+			Help: "State requests to agents (GET /v1/state: probes of new pods, polls of draining ones), by result.",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "apportion_manager_push_duration_seconds",
+			Help:    "Duration of assignment pushes to agents, answered or not.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
+		ledger: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apportion_manager_ledger_permits",
+			Help: "Permits the ledger counts for a quota (namespace/name): what its live or recently deleted pods may be using.",
+		}, []string{"quota"}),
+		limit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apportion_manager_limit",
+			Help: "A quota's global in-flight limit (maxInFlight).",
+		}, []string{"quota"}),
+		unreachable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "apportion_manager_unreachable_pods",
+			Help: "Pods of a quota whose agent failed its last requests.",
+		}, []string{"quota"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.pushes, err = register(reg, m.pushes); err != nil {
+		return nil, err
+	}
+	if m.states, err = register(reg, m.states); err != nil {
+		return nil, err
+	}
+	if m.duration, err = register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	if m.ledger, err = register(reg, m.ledger); err != nil {
+		return nil, err
+	}
+	if m.limit, err = register(reg, m.limit); err != nil {
+		return nil, err
+	}
+	if m.unreachable, err = register(reg, m.unreachable); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under its name (a second
+// Engine on the same registry shares the series).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, err
+	}
+	return c, nil
+}
+
+func (m *metrics) request(kind workKind, result string, seconds float64) {
+	if kind == kindPush {
+		m.pushes.WithLabelValues(result).Inc()
+		m.duration.Observe(seconds)
+		return
+	}
+	m.states.WithLabelValues(result).Inc()
+}
+
+func (m *metrics) observe(key types.NamespacedName, ledger, limit int64, unreachable int) {
+	q := key.String()
+	m.ledger.WithLabelValues(q).Set(float64(ledger))
+	m.limit.WithLabelValues(q).Set(float64(limit))
+	m.unreachable.WithLabelValues(q).Set(float64(unreachable))
+}
+
+func (m *metrics) forget(key types.NamespacedName) {
+	q := key.String()
+	m.ledger.DeleteLabelValues(q)
+	m.limit.DeleteLabelValues(q)
+	m.unreachable.DeleteLabelValues(q)
+}

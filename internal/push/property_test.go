@@ -1,0 +1,530 @@
+package push
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// TestLedgerProperty drives the engine's core through random sequences of desired changes,
+// pod churn, answered, lost, dropped, refused and late-landing pushes, network partitions, agent
+// restarts and manager restarts (a new epoch, with the old manager's pushes still in the air),
+// while model agents run calls under the permits they really hold. After every step:
+//
+//   - every plan that raises what a pod is counted at leaves Σ counted ≤ limit (the ledger may
+//     exceed the limit only through what the engine learns, never through what it grants);
+//   - Σ over pods of what they really hold — max(limit in force, calls in flight) for live agent
+//     processes, calls still running for old processes and deleted pods — ≤ limit.
+//
+// PROP_SEEDS=n runs n seeds (default 200; 40 with -short). PROP_SEED=s runs only seed s and logs
+// every change of the ledger; PROP_POD=p<i> also logs every request to and delivery at that pod.
+func TestLedgerProperty(t *testing.T) {
+	if s, err := strconv.Atoi(os.Getenv("PROP_SEED")); err == nil {
+		runProperty(t, uint64(s))
+		return
+	}
+	seeds := 200
+	if testing.Short() {
+		seeds = 40
+	}
+	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
+		seeds = n
+	}
+	for seed := range seeds {
+		runProperty(t, uint64(seed))
+	}
+}
+
+type propPod struct {
+	name        string
+	uid         types.UID
+	endpoint    string
+	hasIP       bool
+	listed      bool
+	terminating bool
+	permits, sd int32
+}
+
+// propAgent is a pod's agent across process restarts; calls of older processes keep running.
+type propAgent struct {
+	cur   *modelAgent
+	proc  int
+	calls []propCall
+}
+
+type propCall struct {
+	proc int
+	end  time.Time
+}
+
+// landing is a push that arrives late, at the agent process it was sent to.
+type landing struct {
+	at       time.Time
+	endpoint string
+	proc     int
+	a        *assignment.Assignment
+}
+
+type pending struct {
+	w    *work
+	c    *core
+	dl   time.Time // sentAt + PushTimeout: the engine gives up then
+	proc int       // the agent process the request went to: a request cannot outlive its connection
+}
+
+func runProperty(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	h := newHarness(t, func(o *Options) {
+		o.UnreachableAfter = 1 + rng.IntN(3)
+		o.RetryMax = time.Duration(1+rng.IntN(3)) * time.Second
+	})
+	limit := int32(8 + rng.IntN(40))
+	var (
+		pods     []*propPod
+		agents   = map[string]*propAgent{}
+		parted   = map[string]outcome{} // endpoint → how every request to it ends
+		inflight []pending
+		landings []landing
+		epoch    = int64(1 + rng.IntN(5))
+		step     int
+		lastMsg  string
+		start    = h.now
+	)
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d step %d (%s) at +%s: %s", seed, step, lastMsg, h.now.Sub(start), fmt.Sprintf(format, args...))
+	}
+	h.agents = nil // the property test routes requests itself
+
+	// actual is what the pods really hold.
+	actual := func() int64 {
+		var sum int64
+		for ep, ag := range agents {
+			_ = ep
+			var own int32
+			for _, c := range ag.calls {
+				if !h.now.Before(c.end) {
+					continue
+				}
+				if c.proc == ag.proc && !ag.cur.dead {
+					own++
+				} else {
+					sum++ // an old process's or a deleted pod's call, still running
+				}
+			}
+			if !ag.cur.dead {
+				sum += int64(max(ag.cur.limit("q", h.now), own))
+			}
+		}
+		return sum
+	}
+	var prevLedger int32
+	t0 := h.now
+	since := func() time.Duration { return h.now.Sub(t0) }
+	tracing, tracePod := os.Getenv("PROP_SEED") != "", os.Getenv("PROP_POD")
+	planHook := func(key types.NamespacedName, lim int32, recovering bool, in []planEntry, grants []int32) {
+		var sum int64
+		raised := false
+		for i, e := range in {
+			after := e
+			after.Grant = grants[i]
+			sum += int64(after.counted())
+			raised = raised || after.counted() > e.counted()
+			if recovering && grants[i] > max(e.Grant, e.Held) {
+				fail("%s raised to %d during recovery, above what it surely holds (%d)", e.Name, grants[i], max(e.Grant, e.Held))
+			}
+		}
+		if raised && sum > int64(lim) {
+			fail("a grant raised the ledger to %d > limit %d", sum, lim)
+		}
+	}
+	h.c.afterPlan = planHook
+	h.check = func() {
+		if h.c.started {
+			if tracing {
+				r := h.c.report(qKey, h.now)
+				if r.Ledger != prevLedger {
+					t.Logf("step %d %s +%s ledger %d -> %d", step, lastMsg, since(), prevLedger, r.Ledger)
+					for _, x := range r.Holdings {
+						if x.Counted > 0 || x.Granted > 0 {
+							t.Logf("   %+v", x)
+						}
+					}
+					prevLedger = r.Ledger
+				}
+			}
+		}
+		if a := actual(); a > int64(limit) {
+			for _, p := range pods {
+				ag := agents[p.endpoint]
+				var own, other int
+				for _, c := range ag.calls {
+					if h.now.Before(c.end) {
+						if c.proc == ag.proc && !ag.cur.dead {
+							own++
+						} else {
+							other++
+						}
+					}
+				}
+				lim := ag.cur.limit("q", h.now)
+				if own+other > 0 || lim > 0 {
+					t.Logf("  %s listed=%v term=%v dead=%v e%d g%d limit=%d own=%d other=%d leaseValid=%v accepted=+%s", p.name, p.listed, p.terminating, ag.cur.dead,
+						ag.cur.epoch, ag.cur.gen, lim, own, other, ag.cur.leaseValid(h.now), ag.cur.acceptedAt.Sub(t0))
+				}
+			}
+			t.Logf("  ledger: %+v", h.c.report(qKey, h.now).Holdings)
+			fail("pods really hold %d > limit %d", a, limit)
+		}
+	}
+	h.t = &fatalHook{TB: t, fail: func(msg string) { fail("%s", msg) }}
+
+	newPod := func() *propPod {
+		i := len(pods)
+		p := &propPod{name: fmt.Sprintf("p%d", i), uid: types.UID(fmt.Sprintf("uid-%d-%d", seed, i)), endpoint: fmt.Sprintf("http://p%d", i), hasIP: rng.IntN(4) > 0, listed: true,
+			sd: rng.Int32N(limit/6 + 1)} // a pod's safe default is stable (it changes with the spec only)
+		pods = append(pods, p)
+		agents[p.endpoint] = &propAgent{cur: newModelAgent()}
+		return p
+	}
+	desired := func() DesiredQuota {
+		d := DesiredQuota{Key: qKey, Limit: limit, Downstream: template("q")}
+		d.Downstream.RequestTimeout = assignment.Duration(hRT)
+		var live []*propPod
+		for _, p := range pods {
+			if p.listed && !p.terminating {
+				live = append(live, p)
+			}
+		}
+		budget := limit
+		if rng.IntN(3) > 0 {
+			budget = limit * int32(50+rng.IntN(51)) / 100
+		}
+		for _, p := range live {
+			p.permits = 0
+		}
+		for budget > 0 && len(live) > 0 {
+			p := live[rng.IntN(len(live))]
+			n := 1 + rng.Int32N(budget)
+			if rng.IntN(2) == 0 {
+				n = min(n, 1+budget/int32(len(live)))
+			}
+			p.permits += n
+			budget -= n
+		}
+		for _, p := range pods {
+			if !p.listed {
+				continue
+			}
+			ep := ""
+			if p.hasIP {
+				ep = p.endpoint
+			}
+			d.Pods = append(d.Pods, DesiredPod{Name: p.name, UID: p.uid, Target: "web", Endpoint: ep,
+				Permits: p.permits, SafeDefault: p.sd, Terminating: p.terminating})
+		}
+		return d
+	}
+	// deliver applies a push landing on an agent (if its process is alive).
+	deliver := func(endpoint string, proc int, a *assignment.Assignment) (*assignment.State, error) {
+		ag := agents[endpoint]
+		if tracePod != "" && endpoint == "http://"+tracePod {
+			t.Logf("  step %d +%s deliver e%d g%d permits %d to agent(e%d g%d dead %v)", step, since(), a.Epoch, a.Generation, a.Downstreams[0].Permits, ag.cur.epoch, ag.cur.gen, ag.cur.dead)
+		}
+		if ag.cur.dead || ag.proc != proc {
+			return nil, errors.New("connection reset") // the process it was sent to is gone
+		}
+		return ag.cur.put(a, h.now)
+	}
+	// complete ends a request the engine made, as it would see it.
+	complete := func(p pending, how outcome) {
+		w := p.w
+		if tracePod != "" && w.endpoint == "http://"+tracePod {
+			if w.a != nil {
+				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.a.Epoch, w.a.Generation, w.a.Downstreams[0].Permits, how)
+			} else {
+				t.Logf("  step %d +%s %s: outcome %d", step, since(), w.kind, how)
+			}
+		}
+		ag := agents[w.endpoint]
+		var st *assignment.State
+		var err error
+		timeout := errors.New("context deadline exceeded")
+		switch how {
+		case ok:
+			if ag.cur.dead || ag.proc != p.proc {
+				err = errors.New("connection reset")
+			} else if w.kind == kindPush {
+				st, err = deliver(w.endpoint, p.proc, w.a)
+			} else {
+				st = ag.cur.state(h.now)
+			}
+		case lost:
+			if w.kind == kindPush {
+				_, _ = deliver(w.endpoint, p.proc, w.a)
+			}
+			err = timeout
+		case dropped:
+			err = errors.New("connection reset")
+		case refused:
+			err = &assignment.StatusError{StatusCode: 403}
+		case delayed:
+			if w.kind == kindPush {
+				at := h.now.Add(time.Duration(rng.Int64N(int64(w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
+				landings = append(landings, landing{at: at, endpoint: w.endpoint, proc: p.proc, a: w.a})
+			}
+			err = timeout
+		}
+		if p.c == h.c {
+			p.c.finishWork(w, st, err, h.now)
+			p.c.flush(h.now)
+		}
+	}
+	randomOutcome := func(endpoint string, late bool) outcome {
+		if o, ok := parted[endpoint]; ok {
+			return o
+		}
+		r := rng.IntN(100)
+		switch {
+		case late && r < 40:
+			return lost
+		case late && r < 70:
+			return delayed
+		case late:
+			return dropped
+		case r < 75:
+			return ok
+		case r < 83:
+			return lost
+		case r < 90:
+			return dropped
+		case r < 95:
+			return delayed
+		default:
+			return refused
+		}
+	}
+	// tick moves time by d in small steps, landing late pushes, timing out requests, ending
+	// calls and firing the engine's timers, checking after each.
+	tick := func(d time.Duration) {
+		end := h.now.Add(d)
+		for h.now.Before(end) {
+			next := h.now.Add(min(20*time.Millisecond, end.Sub(h.now)))
+			slices.SortFunc(landings, func(a, b landing) int { return a.at.Compare(b.at) })
+			for len(landings) > 0 && !landings[0].at.After(next) {
+				l := landings[0]
+				landings = landings[1:]
+				if l.at.After(h.now) {
+					h.now = l.at
+				}
+				_, _ = deliver(l.endpoint, l.proc, l.a)
+				h.check()
+			}
+			h.now = next
+			keep := inflight[:0]
+			for _, p := range inflight {
+				if !h.now.Before(p.dl) {
+					complete(p, randomOutcome(p.w.endpoint, true))
+				} else {
+					keep = append(keep, p)
+				}
+			}
+			inflight = keep
+			if h.c.started {
+				h.c.advance(h.now)
+			}
+			h.check()
+		}
+	}
+	traffic := func() {
+		for _, p := range pods {
+			ag := agents[p.endpoint]
+			if ag.cur.dead {
+				continue
+			}
+			for k := rng.IntN(4); k > 0; k-- {
+				// The agent admits a call only below the limit in force (its semaphore), and
+				// reports exactly the calls running at the moment it answers (modelAgent.calls).
+				if ag.cur.inFlight("q", h.now) >= ag.cur.limit("q", h.now) {
+					break
+				}
+				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(hRT))))
+				ag.calls = append(ag.calls, propCall{proc: ag.proc, end: end})
+				ag.cur.calls = append(ag.cur.calls, modelCall{ds: "q", end: end})
+				ag.cur.requests["q"]++
+			}
+		}
+		h.check()
+	}
+	for range 2 + rng.IntN(5) {
+		newPod()
+	}
+	h.c.setQuota(desired(), h.now)
+	h.c.begin(epoch, h.now)
+	h.check()
+
+	for step = 0; step < 500; step++ {
+		r := rng.IntN(100)
+		switch {
+		case r < 10:
+			lastMsg = "new desired permits"
+			h.c.setQuota(desired(), h.now)
+		case r < 14:
+			lastMsg = "scale out"
+			newPod()
+			h.c.setQuota(desired(), h.now)
+		case r < 17:
+			lastMsg = "pod terminating"
+			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && !p.terminating }); p != nil {
+				p.terminating = true
+				h.c.setQuota(desired(), h.now)
+			}
+		case r < 20:
+			lastMsg = "pod deleted"
+			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && (p.terminating || rng.IntN(3) == 0) }); p != nil {
+				p.listed = false
+				agents[p.endpoint].cur.dead = true
+				h.c.setQuota(desired(), h.now)
+			}
+		case r < 22:
+			lastMsg = "pod gets its IP"
+			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && !p.hasIP }); p != nil {
+				p.hasIP = true
+				h.c.setQuota(desired(), h.now)
+			}
+		case r < 25:
+			lastMsg = "partition"
+			if p := pick(rng, pods, func(p *propPod) bool { return p.listed }); p != nil {
+				parted[p.endpoint] = []outcome{lost, dropped, delayed}[rng.IntN(3)]
+			}
+		case r < 28:
+			lastMsg = "heal"
+			if p := pick(rng, pods, func(p *propPod) bool { _, ok := parted[p.endpoint]; return ok }); p != nil {
+				delete(parted, p.endpoint)
+			}
+		case r < 30:
+			lastMsg = "agent restart"
+			if p := pick(rng, pods, func(p *propPod) bool { return p.listed }); p != nil {
+				if tracePod == p.name {
+					t.Logf("  step %d restart %s", step, p.name)
+				}
+				// The old process's calls end with it: a restart whose calls outlive the process
+				// is visible to the engine only at its next report (see the report on gaps;
+				// TestAgentRestartCarriesOldCalls covers what happens then).
+				ag := agents[p.endpoint]
+				ag.calls = nil
+				ag.proc++
+				ag.cur = newModelAgent()
+			}
+		case r < 31:
+			lastMsg = "manager restart"
+			if tracing {
+				t.Logf("  step %d manager restart", step)
+			}
+			// The old manager stops (its requests may still land); a new one starts a little
+			// later with a new epoch and learns everything again.
+			for _, p := range inflight {
+				if p.w.kind == kindPush && rng.IntN(2) == 0 {
+					at := h.now.Add(time.Duration(rng.Int64N(int64(p.w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
+					landings = append(landings, landing{at: at, endpoint: p.w.endpoint, proc: p.proc, a: p.w.a})
+				}
+			}
+			inflight = nil
+			h.c = newCore(&h.o, nil)
+			h.c.afterPlan = planHook
+			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
+			epoch += int64(1 + rng.IntN(3))
+			h.c.setQuota(desired(), h.now)
+			h.c.begin(epoch, h.now)
+		case r < 55:
+			lastMsg = "start requests"
+			for h.c.hasReady() {
+				if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.endpoint].proc})
+				}
+			}
+		case r < 75:
+			lastMsg = "answers"
+			rng.Shuffle(len(inflight), func(i, j int) { inflight[i], inflight[j] = inflight[j], inflight[i] })
+			n := rng.IntN(len(inflight) + 1)
+			for _, p := range inflight[:n] {
+				complete(p, randomOutcome(p.w.endpoint, false))
+			}
+			inflight = append(inflight[:0], inflight[n:]...)
+		case r < 88:
+			lastMsg = "calls"
+			traffic()
+		case r < 97:
+			lastMsg = "time passes"
+			tick(time.Duration(1 + rng.Int64N(int64(2*time.Second))))
+		default:
+			lastMsg = "a long time passes"
+			tick(time.Duration(5+rng.IntN(40)) * time.Second)
+		}
+		h.check()
+		if h.c.fenced {
+			fail("fenced: epochs only grow")
+		}
+	}
+	// Liveness: healed and quiet, everything converges.
+	clear(parted)
+	for range 200 {
+		tick(100 * time.Millisecond)
+		for h.c.hasReady() {
+			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.endpoint].proc})
+			}
+		}
+		for _, p := range inflight {
+			complete(p, ok)
+		}
+		inflight = inflight[:0]
+	}
+	tick(hWin + hRT + time.Second)
+	for range 50 {
+		tick(100 * time.Millisecond)
+		for h.c.hasReady() {
+			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+				complete(pending{w: w, c: h.c, proc: agents[w.endpoint].proc}, ok)
+			}
+		}
+	}
+	rep := h.c.report(qKey, h.now)
+	if !rep.Converged {
+		fail("did not converge once healed: %+v", rep)
+	}
+}
+
+const delayed outcome = 100 // lands later, within its acceptance bound; the engine times out
+
+func pick[T any](rng *rand.Rand, xs []T, ok func(T) bool) T {
+	var c []T
+	for _, x := range xs {
+		if ok(x) {
+			c = append(c, x)
+		}
+	}
+	var zero T
+	if len(c) == 0 {
+		return zero
+	}
+	return c[rng.IntN(len(c))]
+}
+
+// fatalHook routes the harness's Fatalf through the property test's message with the seed.
+type fatalHook struct {
+	testing.TB
+	fail func(string)
+}
+
+func (f *fatalHook) Fatalf(format string, args ...any) { f.fail(fmt.Sprintf(format, args...)) }
+func (f *fatalHook) Helper()                           {}
