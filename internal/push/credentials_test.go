@@ -141,12 +141,3 @@ func TestSigningClientFallsBackToThePreviousKey(t *testing.T) {
 		t.Fatal("a key the agent does not know was accepted")
 	}
 }
-
-func TestChangeChannel(t *testing.T) {
-	f, ch := ChangeChannel(1)
-	f(qKey)
-	ev := <-ch
-	if ev.Object.NamespacedName != qKey {
-		t.Fatalf("event %+v", ev)
-	}
-}

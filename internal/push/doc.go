@@ -7,8 +7,8 @@
 // Use: build an Engine with New (an AgentClient such as a SigningClient, an EpochSource such as
 // ConfigMapEpoch), add it to the manager (it is a leader-election Runnable), and have the
 // DownstreamQuota controller call SetQuota / DeleteQuota and read Report, and the DegradeRule
-// controller read SwitchApplied. OnChange (see ChangeChannel) tells the controller when a
-// quota's Report changed. AgentKeys manages the Secret with the control API's HMAC keys.
+// controller read SwitchApplied. Options.OnChange tells the controllers when a quota's Report
+// changed. AgentKeys manages the Secret with the control API's HMAC keys.
 //
 // Structure: core (core.go, ledger.go, planner.go) is a deterministic state machine without
 // I/O, goroutines or clock reads; Engine (engine.go) runs it under one mutex with a bounded

@@ -89,8 +89,8 @@ type Options struct {
 	Logger logr.Logger
 	// OnChange is called with a quota's key when what Report returns for it changed (acks,
 	// failures, convergence, end of recovery). It runs on one goroutine of its own, with keys
-	// coalesced while it is busy, so it may block; it must not call back into the Engine
-	// synchronously in a way that waits for OnChange. See ChangeSource.
+	// coalesced while it is busy, so it may block (e.g. sending to the controllers' channels for
+	// source.Channel); Start does not wait for it to return.
 	OnChange func(types.NamespacedName)
 	// Registry receives the engine's metrics; nil registers none.
 	Registry prometheus.Registerer

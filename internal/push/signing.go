@@ -8,10 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -67,15 +63,4 @@ func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, er
 		}
 	}
 	return nil, err
-}
-
-// ChangeChannel returns an Options.OnChange function and the channel it feeds, one event per
-// changed quota, for the DownstreamQuota controller's
-// WatchesRawSource(source.Channel(ch, handler)). The function blocks while the channel is full,
-// which only delays the engine's notifier goroutine.
-func ChangeChannel(buffer int) (func(types.NamespacedName), <-chan event.TypedGenericEvent[reconcile.Request]) {
-	ch := make(chan event.TypedGenericEvent[reconcile.Request], buffer)
-	return func(key types.NamespacedName) {
-		ch <- event.TypedGenericEvent[reconcile.Request]{Object: reconcile.Request{NamespacedName: key}}
-	}, ch
 }
