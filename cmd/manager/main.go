@@ -211,4 +211,3 @@ func run(args []string) error {
 	setupLog.Info("starting manager", "managerNamespace", o.managerNamespace, "leaseTTL", o.leaseTTL, "renewEvery", o.renewEvery)
 	return mgr.Start(ctx)
 }
-

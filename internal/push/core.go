@@ -410,7 +410,7 @@ func (c *core) flush(now time.Time) {
 		p := c.dirty[0]
 		c.dirty = c.dirty[1:]
 		p.dirty = false
-		c.rebuild(p, now)
+		c.rebuild(p)
 		c.schedule(p, now)
 	}
 	c.dirty = c.dirty[:0]
@@ -418,12 +418,12 @@ func (c *core) flush(now time.Time) {
 
 // rebuild assembles a pod's assignment from every quota it belongs to and bumps its generation
 // when anything changed.
-func (c *core) rebuild(p *podState, now time.Time) {
+func (c *core) rebuild(p *podState) {
 	if p.removed {
 		return
 	}
 	if len(p.entries) == 0 {
-		if !p.finalPush || p.endpoint == "" || !(p.configured || len(p.versions) > 0) || c.fenced {
+		if !p.finalPush || p.endpoint == "" || (!p.configured && len(p.versions) == 0) || c.fenced {
 			c.removePod(p)
 			return
 		}

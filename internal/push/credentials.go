@@ -107,7 +107,7 @@ func (k *AgentKeys) Ensure(ctx context.Context) (assignment.KeySet, error) {
 		}
 		return keySetOf(&s)
 	}
-	return assignment.KeySet{}, fmt.Errorf("Secret %s: too many conflicts", key)
+	return assignment.KeySet{}, fmt.Errorf("secret %s: too many conflicts", key)
 }
 
 // Load returns the keys the Secret holds.
@@ -150,7 +150,7 @@ func (k *AgentKeys) Rotate(ctx context.Context) (assignment.KeySet, error) {
 		}
 		return keySetOf(&s)
 	}
-	return assignment.KeySet{}, fmt.Errorf("Secret %s: too many conflicts", key)
+	return assignment.KeySet{}, fmt.Errorf("secret %s: too many conflicts", key)
 }
 
 // Replicate copies the Secret's keys into a Secret of the same name in namespace, where pods
@@ -191,7 +191,7 @@ func (k *AgentKeys) Replicate(ctx context.Context, namespace string) error {
 			return fmt.Errorf("reading Secret %s: %w", dst, err)
 		}
 		if cp.Labels[managedByLabel] != managedByValue || cp.Annotations[copiedFromAnnot] != src.String() {
-			return fmt.Errorf("Secret %s exists and is not a copy of %s; not overwriting it", dst, src)
+			return fmt.Errorf("secret %s exists and is not a copy of %s; not overwriting it", dst, src)
 		}
 		if maps.EqualFunc(cp.Data, s.Data, bytes.Equal) {
 			return nil
@@ -205,7 +205,7 @@ func (k *AgentKeys) Replicate(ctx context.Context, namespace string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("Secret %s: too many conflicts", dst)
+	return fmt.Errorf("secret %s: too many conflicts", dst)
 }
 
 // newKey makes a key whose id sorts after every id in existing (sorted).
@@ -242,7 +242,7 @@ func keySetOf(s *corev1.Secret) (assignment.KeySet, error) {
 	}
 	ks, err := assignment.NewKeySet(keys...)
 	if err != nil {
-		return assignment.KeySet{}, fmt.Errorf("Secret %s/%s: %w", s.Namespace, s.Name, err)
+		return assignment.KeySet{}, fmt.Errorf("secret %s/%s: %w", s.Namespace, s.Name, err)
 	}
 	return ks, nil
 }

@@ -126,7 +126,7 @@ func (e *Engine) nextEpoch(ctx context.Context) (int64, error) {
 			return epoch, nil
 		}
 		if ctx.Err() != nil {
-			return 0, nil
+			return 0, nil //nolint:nilerr // shutting down is not a failure to take an epoch
 		}
 		e.o.Logger.Error(err, "taking a new epoch; retrying", "in", delay)
 		select {
