@@ -133,6 +133,9 @@ type HeaderMatch struct {
 
 // State is an agent's answer to every control call: what it holds and uses now.
 type State struct {
+	// Instance identifies the agent process (random at start): a different value means the agent
+	// restarted, and calls of the old process may still be running at the downstream.
+	Instance string `json:"instance,omitempty"`
 	// Epoch and Generation of the assignment held (0, 0 before the first).
 	Epoch      int64 `json:"epoch"`
 	Generation int64 `json:"generation"`

@@ -781,6 +781,9 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.known = true
 	p.reportAt = now
 	p.lastEpoch, p.lastGen = st.Epoch, st.Generation
+	if st.Instance != "" {
+		p.instance = st.Instance
+	}
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.o.DrainPoll)
 	switch {
@@ -832,10 +835,13 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 }
 
 // restarted says whether st comes from a new agent process: its state went backwards (a lower
-// (epoch, generation), no longer configured) or a request counter, which only grows within a
-// process, dropped. A restart hidden behind a push the new process accepted shows only in the
-// counters.
+// (epoch, generation), no longer configured), a request counter, which only grows within a
+// process, dropped, or — the direct signal — the agent's instance id changed. The other signals
+// cover agents that do not report an instance.
 func (c *core) restarted(p *podState, st *assignment.State) bool {
+	if p.instance != "" && st.Instance != "" && st.Instance != p.instance {
+		return true // a new process, whatever it accepted since
+	}
 	if st.Epoch < p.lastEpoch || (st.Epoch == p.lastEpoch && st.Generation < p.lastGen) || (p.configured && !st.Configured) {
 		return true
 	}

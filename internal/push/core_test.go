@@ -387,6 +387,28 @@ func TestAgentRestartCarriesOldCalls(t *testing.T) {
 	}
 }
 
+// A restarted agent whose counters happen not to go backwards is still noticed by its instance.
+func TestAgentRestartNoticedByInstance(t *testing.T) {
+	d := quota(20, 2, 10, 3)
+	h := converged(t, d, nil)
+	a0 := h.agent("http://p0")
+	a0.instance = "old"
+	a0.inflight["q"], a0.requests["q"] = 7, 100
+	h.advance(3 * time.Second)
+	h.settle()
+	fresh := newModelAgent()
+	fresh.instance = "new"
+	fresh.requests["q"] = 500 // the counter went forward: only the instance tells
+	h.agents["http://p0"] = fresh
+	d.Pods[1].Permits = 20
+	h.set(d)
+	h.advance(3 * time.Second)
+	h.settle()
+	if hp0 := h.holding(h.report("ns", "q"), "p0"); hp0.Counted < 17 {
+		t.Fatalf("restarted p0 counted %d: the old process's 7 calls and the new one's 10 must both count", hp0.Counted)
+	}
+}
+
 func TestSwitchApplied(t *testing.T) {
 	d := quota(40, 2, 10, 3)
 	d.Pods = append(d.Pods, DesiredPod{Name: "api0", UID: "uid-api0", Target: "api", Endpoint: "http://api0", Permits: 10, SafeDefault: 3})

@@ -137,7 +137,8 @@ type podState struct {
 	// What the agent reported.
 	known      bool // answered at least once
 	configured bool
-	lastEpoch  int64 // the (epoch, generation) of the last report, to notice a restarted agent
+	instance   string // the agent process of the last report (assignment.State.Instance)
+	lastEpoch  int64  // the (epoch, generation) of the last report, to notice a restarted agent
 	lastGen    int64
 	reportAt   time.Time // when the last report arrived
 	ackedGen   int64     // this epoch's generation the agent held at its last report; 0 if none

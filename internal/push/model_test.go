@@ -15,6 +15,7 @@ import (
 // modelAgent is what an agent does, without HTTP: fencing by (epoch, generation), a lease from
 // acceptance, the fallback when it lapses, and calls that hold permits.
 type modelAgent struct {
+	instance   string // assignment.State.Instance
 	epoch, gen int64
 	configured bool
 	a          *assignment.Assignment
@@ -32,6 +33,8 @@ type modelCall struct {
 }
 
 func newModelAgent() *modelAgent {
+	// instance stays "" unless a test sets it: the engine must also cope with agents that do
+	// not report one.
 	return &modelAgent{inflight: map[string]int32{}, requests: map[string]int64{}}
 }
 
@@ -70,7 +73,7 @@ func (m *modelAgent) inFlight(ds string, now time.Time) int32 {
 }
 
 func (m *modelAgent) state(now time.Time) *assignment.State {
-	st := &assignment.State{Epoch: m.epoch, Generation: m.gen, Configured: m.configured, LeaseExpired: m.a != nil && !m.leaseValid(now)}
+	st := &assignment.State{Instance: m.instance, Epoch: m.epoch, Generation: m.gen, Configured: m.configured, LeaseExpired: m.a != nil && !m.leaseValid(now)}
 	if m.a != nil {
 		for _, d := range m.a.Downstreams {
 			st.Downstreams = append(st.Downstreams, assignment.DownstreamState{

@@ -31,6 +31,8 @@ package enforce
 
 import (
 	"bytes"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -59,6 +61,8 @@ type Enforcer struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
+	instance string // random per process; see assignment.State.Instance
+
 	table    atomic.Pointer[Table]
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -86,7 +90,7 @@ func New(o Options) *Enforcer {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger}
+	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger, instance: newInstanceID()}
 	e.table.Store(&Table{byName: map[string]*Downstream{}})
 	o.Metrics.SetSource(e)
 	return e
@@ -245,7 +249,8 @@ func (e *Enforcer) State() assignment.State {
 func (e *Enforcer) stateLocked(now time.Time) assignment.State {
 	t := e.table.Load()
 	st := assignment.State{
-		Epoch: e.epoch, Generation: e.gen, Configured: e.configured,
+		Instance: e.instance,
+		Epoch:    e.epoch, Generation: e.gen, Configured: e.configured,
 		LeaseExpired: e.leaseExpired,
 		Downstreams:  []assignment.DownstreamState{},
 	}
@@ -285,4 +290,11 @@ func (e *Enforcer) MetricsSnapshot() metrics.Snapshot {
 		s.Switches = append(s.Switches, metrics.SwitchSnapshot{Downstream: sw.Downstream, Name: sw.Name, Active: now.Before(sw.ExpiresAt)})
 	}
 	return s
+}
+
+// newInstanceID is 64 random bits in hex, unique per agent process.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = cryptorand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
