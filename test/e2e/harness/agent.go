@@ -1,0 +1,187 @@
+package harness
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func randRead(b []byte) (int, error) { return crand.Read(b) }
+
+// Agent ports on each agent's own loopback address (the sample Deployment's).
+const (
+	AgentControlPort = 15000
+	AgentDataPort    = 15001
+)
+
+// Agent is one real agent process bound to its own loopback address: the "pod".
+type Agent struct {
+	*Proc
+	// Pod is the name of the Pod object that represents it.
+	Pod string
+	// IP is its loopback address, the Pod's status.podIP.
+	IP string
+	// DataPort and ControlPort listen on IP.
+	DataPort, ControlPort int
+	KeyDir                string
+	// restarts counts Start calls after the first.
+	restarts int
+	// draining is set when its pod is being shut down: the app stops calling.
+	draining atomic.Bool
+}
+
+// SetDraining marks the pod as shutting down: the load generator's "app" stops calling.
+func (a *Agent) SetDraining() { a.draining.Store(true) }
+
+// Draining reports SetDraining.
+func (a *Agent) Draining() bool { return a.draining.Load() }
+
+// ControlURL is the base URL of the control API.
+func (a *Agent) ControlURL() string {
+	return "http://" + net.JoinHostPort(a.IP, strconv.Itoa(a.ControlPort))
+}
+
+// DataURL is the URL the app calls to reach downstream ds.
+func (a *Agent) DataURL(ds string) string {
+	return "http://" + net.JoinHostPort(a.IP, strconv.Itoa(a.DataPort)) + "/" + ds
+}
+
+// Restarts is how many times the agent was started again.
+func (a *Agent) Restarts() int { return a.restarts }
+
+// AgentArgs builds the agent's command line for the flags the binary accepts.
+func AgentArgs(bin *Binaries, ip string, data, ctl int, keyDir string, extra ...string) []string {
+	args := []string{
+		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(data)),
+		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(ctl)),
+		"--key-dir=" + keyDir,
+	}
+	if bin.AgentHas("drain-timeout") {
+		args = append(args, "--drain-timeout=2s")
+	}
+	return append(args, extra...)
+}
+
+// NewAgent prepares (does not start) an agent for pod at ip; its log goes to dir/<pod>.log.
+func NewAgent(bin *Binaries, pod, ip, keyDir, dir string, extra ...string) *Agent {
+	a := &Agent{Pod: pod, IP: ip, DataPort: AgentDataPort, ControlPort: AgentControlPort, KeyDir: keyDir}
+	a.Proc = &Proc{
+		Name:    "agent " + pod,
+		Path:    bin.Agent,
+		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, keyDir, extra...),
+		LogPath: filepath.Join(dir, pod+".log"),
+	}
+	return a
+}
+
+// Start starts the process and waits until its control port answers /healthz.
+func (a *Agent) Start(ctx context.Context) error {
+	if a.Pid() != 0 {
+		a.restarts++
+	}
+	a.draining.Store(false)
+	if err := a.Proc.Start(); err != nil {
+		return err
+	}
+	return a.waitPath(ctx, "/healthz", 20*time.Second)
+}
+
+// WaitReady waits until /readyz answers 200 (an assignment was applied).
+func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {
+	return a.waitPath(ctx, "/readyz", timeout)
+}
+
+var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func (a *Agent) waitPath(ctx context.Context, path string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := probeClient.Get(a.ControlURL() + path)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if !a.Running() {
+			return fmt.Errorf("%s exited (%w); see %s", a.Name, exitCause(a.ExitErr()), a.LogPath)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %s not 200 after %s (last: %w); see %s", a.Name, path, timeout, err, a.LogPath)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// exitCause is a process's exit error, or one saying it exited with status 0.
+func exitCause(err error) error {
+	if err == nil {
+		return errors.New("exit status 0")
+	}
+	return err
+}
+
+// IPPool hands out loopback addresses 127.B.x.y whose agent ports are free. B is picked at
+// random per pool so that concurrent runs on one machine (a test and the demo) do not collide.
+type IPPool struct {
+	mu   sync.Mutex
+	b    int
+	next int
+}
+
+// NewIPPool returns a pool with a random second octet in 20..239.
+func NewIPPool() *IPPool { return &IPPool{b: 20 + rand.IntN(220)} }
+
+// Next returns an address not handed out before whose agent ports can be bound.
+func (p *IPPool) Next() (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tries := 0; tries < 1000; tries++ {
+		n := p.next
+		p.next++
+		ip := fmt.Sprintf("127.%d.%d.%d", p.b, n/250, n%250+1)
+		if portsFree(ip, AgentControlPort, AgentDataPort) {
+			return ip, nil
+		}
+	}
+	return "", fmt.Errorf("no loopback address with free ports %d and %d", AgentControlPort, AgentDataPort)
+}
+
+func portsFree(ip string, ports ...int) bool {
+	for _, port := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
+}
+
+// StaticAgents is an AgentSource over a fixed list (whose processes may die).
+type StaticAgents []*Agent
+
+// Agents lists the running ones.
+func (s StaticAgents) Agents() []*Agent {
+	out := make([]*Agent, 0, len(s))
+	for _, a := range s {
+		if a.Running() {
+			out = append(out, a)
+		}
+	}
+	return out
+}

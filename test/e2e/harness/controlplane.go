@@ -1,0 +1,126 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+)
+
+// ErrNoAssets is returned by StartControlPlane when KUBEBUILDER_ASSETS is not set.
+var ErrNoAssets = errors.New("KUBEBUILDER_ASSETS is not set: run `make test-e2e` (or export KUBEBUILDER_ASSETS=\"$(hack/envtest-assets.sh)\"), which builds kube-apiserver, etcd and kubectl")
+
+// ControlPlane is a local kube-apiserver and etcd (envtest) with the CRDs installed.
+type ControlPlane struct {
+	Env    *envtest.Environment
+	Config *rest.Config
+	Client client.Client
+	Scheme *runtime.Scheme
+	// Kubeconfig is the path of a kubeconfig file for an admin user (system:masters).
+	Kubeconfig string
+	// AssetsDir holds kube-apiserver, etcd and kubectl.
+	AssetsDir string
+	// Root is the repository root.
+	Root string
+}
+
+// StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir.
+func StartControlPlane(dir string) (*ControlPlane, error) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		return nil, ErrNoAssets
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := apportionv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing:    true,
+		BinaryAssetsDirectory:    assets,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting envtest: %w", err)
+	}
+	cp := &ControlPlane{Env: env, Scheme: scheme, AssetsDir: assets, Root: root}
+	fail := func(err error) (*ControlPlane, error) {
+		_ = env.Stop()
+		return nil, err
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 500, 1000
+	cp.Config = cfg
+	if cp.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		return fail(err)
+	}
+	user, err := env.AddUser(envtest.User{Name: "e2e-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fail(fmt.Errorf("adding the kubeconfig user: %w", err))
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return fail(err)
+	}
+	// The manager's default namespace (config/default), for its Secret and epoch ConfigMap.
+	if err := cp.CreateNamespace(context.Background(), "apportion-system"); err != nil {
+		return fail(err)
+	}
+	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(cp.Kubeconfig, kc, 0o600); err != nil {
+		return fail(err)
+	}
+	return cp, nil
+}
+
+// Stop stops the API server and etcd.
+func (cp *ControlPlane) Stop() error {
+	if cp == nil || cp.Env == nil {
+		return nil
+	}
+	return cp.Env.Stop()
+}
+
+// Kubectl runs the assets' kubectl with the kubeconfig and returns its combined output.
+func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(cp.AssetsDir, "kubectl"), append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// CreateNamespace creates a namespace (an existing one is fine).
+func (cp *ControlPlane) CreateNamespace(ctx context.Context, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := cp.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,464 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// MonitorConfig configures the invariant monitor.
+type MonitorConfig struct {
+	Source AgentSource
+	// Downstream is the downstream's name in the agents' State.
+	Downstream string
+	// Limit is the global in-flight limit.
+	Limit int32
+	// Hz is the sampling rate (default 25; at least 20 is the point).
+	Hz float64
+	// Key signs the GET /v1/state calls; it is called again after a failure (key rotation).
+	Key func() (assignment.Key, error)
+	// SafeDefault is what an agent falls back to when its lease passes (the quota's
+	// status.safeDefaultPermits). The monitor models an unreachable agent with it: it holds what
+	// it last reported until its lease ends, then min(permits, SafeDefault()). nil keeps the last
+	// report (conservative).
+	SafeDefault func() int32
+	// RequestTimeout bounds how long an unreachable agent's reported calls may still be in flight.
+	RequestTimeout time.Duration
+	// DS is the test downstream, whose own peak and 429s the summary includes.
+	DS *Downstream
+	// Ledger reads the manager's ledger (status.ledger) and a description of its holdings,
+	// sampled at 5 Hz; nil skips it.
+	Ledger func(ctx context.Context) (int32, string, error)
+	// KeepHistory keeps every sample (Samples()).
+	KeepHistory bool
+}
+
+// Reading is one agent's last answer.
+type Reading struct {
+	At time.Time
+	// Pid is the agent process's pid at the time (a restarted agent's old readings are ignored).
+	Pid   int
+	State assignment.State
+	DS    assignment.DownstreamState
+	Found bool // the downstream is configured in the agent
+}
+
+// AgentSample is one agent's values in a sample.
+type AgentSample struct {
+	Effective, Permits, InFlight int32
+	// Reachable is false when the values are modeled from the last reading.
+	Reachable bool
+	Epoch     int64
+	Gen       int64
+}
+
+// Sample is one instant: every live agent's values.
+type Sample struct {
+	At          time.Time
+	Agents      map[string]AgentSample
+	SumPermits  int32 // Σ effective permits
+	SumInFlight int32
+	Unreachable int
+}
+
+// Violation is a sample (or pair of samples) over the limit.
+type Violation struct {
+	At        time.Time
+	Kind      string
+	Sum       int32
+	Confirmed bool
+	Detail    string
+}
+
+// MonitorStats is the summary.
+type MonitorStats struct {
+	Samples        int
+	Elapsed        time.Duration
+	Reads, Failed  int64
+	MaxSumPermits  int32
+	MaxSumInFlight int32
+	// Raw: one sample over the limit (the agents are read at slightly different instants, so a
+	// move of permits between two agents can show up as a raw excess). Confirmed: two
+	// consecutive samples whose per-agent minimum sums over the limit, i.e. an instant between
+	// them where the agents held more than the limit.
+	RawPermitViolations, PermitViolations     int
+	RawInFlightViolations, InFlightViolations int
+	LedgerSamples, LedgerViolations           int
+	MaxLedger                                 int32
+	Downstream                                DownstreamStats
+	Violations                                []Violation
+}
+
+// Hz is the achieved sampling rate.
+func (s MonitorStats) Hz() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return float64(s.Samples) / s.Elapsed.Seconds()
+}
+
+// Ok reports zero violations: confirmed Σ permits and Σ in-flight, the ledger, and the
+// downstream's own 429s and peak.
+func (s MonitorStats) Ok() bool {
+	return s.PermitViolations == 0 && s.InFlightViolations == 0 && s.LedgerViolations == 0 &&
+		s.Downstream.TooMany429 == 0 && s.Downstream.Peak <= s.Downstream.Limit
+}
+
+// PhysicallyOk reports zero violations of what the downstream and the agents hold (Σ permits,
+// Σ in-flight, the downstream's 429s and peak), whatever the manager's ledger says.
+func (s MonitorStats) PhysicallyOk() bool {
+	return s.PermitViolations == 0 && s.InFlightViolations == 0 &&
+		s.Downstream.TooMany429 == 0 && s.Downstream.Peak <= s.Downstream.Limit
+}
+
+func (s MonitorStats) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "samples=%d over %s (%.1f Hz), state reads=%d failed=%d\n", s.Samples, s.Elapsed.Round(time.Millisecond), s.Hz(), s.Reads, s.Failed)
+	fmt.Fprintf(&b, "max Σ permits=%d, max Σ in-flight=%d, limit=%d\n", s.MaxSumPermits, s.MaxSumInFlight, s.Downstream.Limit)
+	fmt.Fprintf(&b, "violations: Σ permits %d confirmed (%d raw), Σ in-flight %d confirmed (%d raw), ledger %d of %d samples (max %d)\n",
+		s.PermitViolations, s.RawPermitViolations, s.InFlightViolations, s.RawInFlightViolations, s.LedgerViolations, s.LedgerSamples, s.MaxLedger)
+	fmt.Fprintf(&b, "downstream: peak=%d/%d 429=%d calls=%d ok=%d", s.Downstream.Peak, s.Downstream.Limit, s.Downstream.TooMany429, s.Downstream.Total, s.Downstream.OK)
+	for i, v := range s.Violations {
+		if i == 10 {
+			fmt.Fprintf(&b, "\n  ... %d more", len(s.Violations)-10)
+			break
+		}
+		fmt.Fprintf(&b, "\n  %s %s Σ=%d confirmed=%v %s", v.At.Format("15:04:05.000"), v.Kind, v.Sum, v.Confirmed, v.Detail)
+	}
+	return b.String()
+}
+
+// Monitor samples every agent's state.
+type Monitor struct {
+	cfg    MonitorConfig
+	client atomic.Pointer[assignment.Client]
+	hc     *http.Client
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	start  time.Time
+
+	mu       sync.Mutex
+	pollers  map[*Agent]*poller
+	last     map[string]Reading // last good reading per pod
+	prev     *Sample
+	history  []Sample
+	stats    MonitorStats
+	stopped  bool
+	stopTime time.Time
+	// window maxima since the last ResetWindow
+	winPermits, winInFlight int32
+}
+
+type poller struct {
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	reading *Reading
+}
+
+// StartMonitor starts sampling.
+func StartMonitor(ctx context.Context, cfg MonitorConfig) (*Monitor, error) {
+	if cfg.Hz <= 0 {
+		cfg.Hz = 25
+	}
+	key, err := cfg.Key()
+	if err != nil {
+		return nil, err
+	}
+	m := &Monitor{
+		cfg:     cfg,
+		hc:      &http.Client{Timeout: 250 * time.Millisecond, Transport: &http.Transport{MaxIdleConnsPerHost: 2}},
+		pollers: map[*Agent]*poller{},
+		last:    map[string]Reading{},
+		start:   time.Now(),
+	}
+	m.client.Store(&assignment.Client{HTTP: m.hc, Key: key})
+	ctx, m.cancel = context.WithCancel(ctx)
+	m.wg.Go(func() { m.sampleLoop(ctx) })
+	if cfg.Ledger != nil {
+		m.wg.Go(func() { m.ledgerLoop(ctx) })
+	}
+	return m, nil
+}
+
+func (m *Monitor) period() time.Duration { return time.Duration(float64(time.Second) / m.cfg.Hz) }
+
+func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
+	t := time.NewTicker(m.period())
+	defer t.Stop()
+	for {
+		pid := a.Pid()
+		st, err := m.client.Load().State(ctx, a.ControlURL())
+		m.mu.Lock()
+		m.stats.Reads++
+		if err != nil {
+			m.stats.Failed++
+		}
+		m.mu.Unlock()
+		if err == nil {
+			r := &Reading{At: time.Now(), Pid: pid, State: *st}
+			for _, d := range st.Downstreams {
+				if d.Name == m.cfg.Downstream {
+					r.DS, r.Found = d, true
+				}
+			}
+			p.mu.Lock()
+			p.reading = r
+			p.mu.Unlock()
+		} else if ctx.Err() == nil {
+			var se *assignment.StatusError
+			if errors.As(err, &se) && (se.StatusCode == 401 || se.StatusCode == 403) {
+				if key, kerr := m.cfg.Key(); kerr == nil {
+					m.client.Store(&assignment.Client{HTTP: m.hc, Key: key})
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Monitor) sampleLoop(ctx context.Context) {
+	t := time.NewTicker(m.period())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			m.mu.Lock()
+			for _, p := range m.pollers {
+				p.cancel()
+			}
+			m.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		m.sample(ctx)
+	}
+}
+
+// stale is how old a reading may be before the agent counts as unreachable.
+func (m *Monitor) stale() time.Duration { return 3*m.period() + 100*time.Millisecond }
+
+func (m *Monitor) sample(ctx context.Context) {
+	now := time.Now()
+	agents := m.cfg.Source.Agents()
+	var safe int32 = -1
+	if m.cfg.SafeDefault != nil {
+		safe = m.cfg.SafeDefault()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	alive := map[*Agent]bool{}
+	s := Sample{At: now, Agents: make(map[string]AgentSample, len(agents))}
+	for _, a := range agents {
+		alive[a] = true
+		p, ok := m.pollers[a]
+		if !ok {
+			pctx, cancel := context.WithCancel(ctx)
+			p = &poller{cancel: cancel}
+			m.pollers[a] = p
+			m.wg.Go(func() { m.poll(pctx, a, p) })
+		}
+		p.mu.Lock()
+		r := p.reading
+		p.mu.Unlock()
+		pid := a.Pid()
+		if r != nil && r.Pid != pid {
+			r = nil // from before a restart: the new process holds nothing until it says otherwise
+		}
+		if last, ok := m.last[a.Pod]; ok && last.Pid != pid {
+			delete(m.last, a.Pod)
+		}
+		var as AgentSample
+		if r != nil && now.Sub(r.At) <= m.stale() {
+			as = AgentSample{Effective: r.DS.EffectivePermits, Permits: r.DS.Permits, InFlight: r.DS.InFlight,
+				Reachable: true, Epoch: r.State.Epoch, Gen: r.State.Generation}
+			m.last[a.Pod] = *r
+		} else if last, ok := m.last[a.Pod]; ok {
+			// Unreachable: what it held when last read, lowered when its lease passed.
+			as = AgentSample{Effective: last.DS.EffectivePermits, Permits: last.DS.Permits, InFlight: last.DS.InFlight,
+				Epoch: last.State.Epoch, Gen: last.State.Generation}
+			if le := last.State.LeaseExpiresAt; !le.IsZero() && now.After(le) && safe >= 0 {
+				as.Effective = min(as.Effective, last.DS.Permits, safe)
+			}
+			if now.Sub(last.At) > m.cfg.RequestTimeout {
+				as.InFlight = 0
+			}
+			s.Unreachable++
+		}
+		s.Agents[a.Pod] = as
+		s.SumPermits += as.Effective
+		s.SumInFlight += as.InFlight
+	}
+	for a, p := range m.pollers {
+		if !alive[a] {
+			p.cancel()
+			delete(m.pollers, a)
+		}
+	}
+	m.winPermits = max(m.winPermits, s.SumPermits)
+	m.winInFlight = max(m.winInFlight, s.SumInFlight)
+	st := &m.stats
+	st.Samples++
+	st.MaxSumPermits = max(st.MaxSumPermits, s.SumPermits)
+	st.MaxSumInFlight = max(st.MaxSumInFlight, s.SumInFlight)
+	if s.SumPermits > m.cfg.Limit {
+		st.RawPermitViolations++
+	}
+	if s.SumInFlight > m.cfg.Limit {
+		st.RawInFlightViolations++
+	}
+	if m.prev != nil {
+		var minPermits, minInFlight int32
+		for pod, cur := range s.Agents {
+			if prev, ok := m.prev.Agents[pod]; ok {
+				minPermits += min(prev.Effective, cur.Effective)
+				minInFlight += min(prev.InFlight, cur.InFlight)
+			}
+		}
+		if minPermits > m.cfg.Limit {
+			st.PermitViolations++
+			m.addViolation(Violation{At: now, Kind: "Σ permits", Sum: minPermits, Confirmed: true, Detail: describe(m.prev, &s)})
+		}
+		if minInFlight > m.cfg.Limit {
+			st.InFlightViolations++
+			m.addViolation(Violation{At: now, Kind: "Σ in-flight", Sum: minInFlight, Confirmed: true, Detail: describe(m.prev, &s)})
+		}
+	}
+	m.prev = &s
+	if m.cfg.KeepHistory {
+		m.history = append(m.history, s)
+	}
+}
+
+func (m *Monitor) addViolation(v Violation) {
+	if len(m.stats.Violations) < 100 {
+		m.stats.Violations = append(m.stats.Violations, v)
+	}
+}
+
+func describe(prev, cur *Sample) string {
+	pods := sortedKeys(cur.Agents)
+	parts := make([]string, 0, len(pods))
+	for _, p := range pods {
+		c := cur.Agents[p]
+		mark := ""
+		if !c.Reachable {
+			mark = "?"
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d→%d/%d%s(e%d.g%d)", p, prev.Agents[p].Effective, c.Effective, c.InFlight, mark, c.Epoch, c.Gen))
+	}
+	return strings.Join(parts, " ")
+}
+
+func (m *Monitor) ledgerLoop(ctx context.Context) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l, detail, err := m.cfg.Ledger(ctx)
+		if err != nil {
+			continue
+		}
+		m.mu.Lock()
+		m.stats.LedgerSamples++
+		m.stats.MaxLedger = max(m.stats.MaxLedger, l)
+		if l > m.cfg.Limit {
+			m.stats.LedgerViolations++
+			m.addViolation(Violation{At: time.Now(), Kind: "ledger", Sum: l, Confirmed: true, Detail: detail})
+		}
+		m.mu.Unlock()
+	}
+}
+
+// Stats returns the summary so far.
+func (m *Monitor) Stats() MonitorStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.stats
+	s.Violations = append([]Violation(nil), s.Violations...)
+	end := time.Now()
+	if m.stopped {
+		end = m.stopTime
+	}
+	s.Elapsed = end.Sub(m.start)
+	if m.cfg.DS != nil {
+		s.Downstream = m.cfg.DS.Stats()
+	} else {
+		s.Downstream.Limit = int64(m.cfg.Limit)
+	}
+	return s
+}
+
+// ResetWindow returns the highest Σ permits and Σ in-flight sampled since the previous call
+// and starts a new window.
+func (m *Monitor) ResetWindow() (maxPermits, maxInFlight int32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	maxPermits, maxInFlight = m.winPermits, m.winInFlight
+	m.winPermits, m.winInFlight = 0, 0
+	return maxPermits, maxInFlight
+}
+
+// Last returns the last good reading of pod's agent.
+func (m *Monitor) Last(pod string) (Reading, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.last[pod]
+	return r, ok
+}
+
+// Current returns the last sample.
+func (m *Monitor) Current() (Sample, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prev == nil {
+		return Sample{}, false
+	}
+	return *m.prev, true
+}
+
+// Samples returns the history (KeepHistory).
+func (m *Monitor) Samples() []Sample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Sample(nil), m.history...)
+}
+
+// Stop stops sampling and returns the summary.
+func (m *Monitor) Stop() MonitorStats {
+	m.cancel()
+	m.wg.Wait()
+	m.mu.Lock()
+	if !m.stopped {
+		m.stopped, m.stopTime = true, time.Now()
+	}
+	m.mu.Unlock()
+	m.hc.CloseIdleConnections()
+	return m.Stats()
+}
+
+// PerPod returns a sample's effective permits as "pod=n" sorted by pod.
+func (s Sample) PerPod() string {
+	pods := sortedKeys(s.Agents)
+	sort.Strings(pods)
+	parts := make([]string, len(pods))
+	for i, p := range pods {
+		parts[i] = fmt.Sprintf("%s=%d", p, s.Agents[p].Effective)
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,388 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// Env is what scenarios share: the control plane, the binaries and the loopback addresses.
+type Env struct {
+	CP  *ControlPlane
+	Bin *Binaries
+	IPs *IPPool
+	// Dir is where scenarios put their logs.
+	Dir string
+}
+
+// ScenarioConfig sets up one downstream shared by one autoscaled Deployment.
+type ScenarioConfig struct {
+	Namespace string
+	// Quota is the DownstreamQuota's name, also the downstream's name (default "logistics").
+	Quota string
+	// Workload is the Deployment's name (default "gateway").
+	Workload string
+	// Limit is the global in-flight limit of the quota and of the test downstream (default 50).
+	Limit int32
+	// FactorPercent is safetyFactorPercent (default 80).
+	FactorPercent int32
+	// Replicas, MinReplicas, MaxReplicas: initial pods and the HPA's bounds (8, 4, 16).
+	Replicas, MinReplicas, MaxReplicas int32
+	// Latency of the test downstream (default 100ms).
+	Latency time.Duration
+	// Manager timings (defaults 2s, 500ms, 500ms) and extra flags.
+	LeaseTTL, RenewEvery, PushTimeout time.Duration
+	ManagerArgs                       []string
+	// AcquireTimeout and RequestTimeout of the quota (200ms, 1s).
+	AcquireTimeout, RequestTimeout time.Duration
+	// WorkersPerAgent of the load (default 6; no load with NoLoad).
+	WorkersPerAgent int
+	NoLoad          bool
+	// CallSuspended: the app keeps calling a SIGSTOPped agent (see LoadConfig).
+	CallSuspended bool
+	// Bootstrap starts every agent with --bootstrap: the quota's downstream at its safe default
+	// (limit × factor / maxReplicas), as a pod configured to work without a manager would.
+	Bootstrap bool
+	// NoMonitor skips the invariant monitor.
+	NoMonitor bool
+	// MonitorHz (default 25).
+	MonitorHz float64
+	// KeepHistory keeps the monitor's samples.
+	KeepHistory bool
+	// PodStartDelay and Terminating pace the "kubelet" (defaults 0 and 300ms).
+	PodStartDelay, Terminating time.Duration
+	// Deployment and HPA override the generated ones (the demo passes the sample's).
+	Deployment *appsv1.Deployment
+	HPA        *autoscalingv2.HorizontalPodAutoscaler
+	// QuotaObject overrides the generated DownstreamQuota (its upstream is set to the test
+	// downstream's URL).
+	QuotaObject *apportionv1.DownstreamQuota
+	// Logf logs the scenario's actions; nil discards.
+	Logf func(format string, args ...any)
+}
+
+func (c *ScenarioConfig) defaults() {
+	def32 := func(v *int32, d int32) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.Quota == "" {
+		c.Quota = "logistics"
+	}
+	if c.Workload == "" {
+		c.Workload = "gateway"
+	}
+	def32(&c.Limit, 50)
+	def32(&c.FactorPercent, 80)
+	def32(&c.Replicas, 8)
+	def32(&c.MinReplicas, 4)
+	def32(&c.MaxReplicas, 16)
+	defD(&c.Latency, 100*time.Millisecond)
+	defD(&c.LeaseTTL, 2*time.Second)
+	defD(&c.RenewEvery, 500*time.Millisecond)
+	defD(&c.PushTimeout, 500*time.Millisecond)
+	defD(&c.AcquireTimeout, 200*time.Millisecond)
+	defD(&c.RequestTimeout, time.Second)
+	defD(&c.Terminating, 300*time.Millisecond)
+	if c.WorkersPerAgent == 0 {
+		c.WorkersPerAgent = 6
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
+}
+
+// Scenario is one running setup: manager, downstream, quota, workload, load and monitor.
+type Scenario struct {
+	Env      *Env
+	Cfg      ScenarioConfig
+	Dir      string
+	Manager  *Manager
+	DS       *Downstream
+	Keys     *KeyDir
+	Workload *Workload
+	Load     *Load
+	Monitor  *Monitor
+	// Started is when NewScenario returned.
+	Started time.Time
+	// Pushing is false when the manager has no push engine or there is no agent binary: the
+	// scenario then only computes (no agents, load or monitor).
+	Pushing bool
+
+	safeDefault atomic.Int32
+	cancel      context.CancelFunc
+	ctx         context.Context
+}
+
+// NewScenario starts everything in order: namespace, downstream, manager, the agents' keys, the
+// quota, the workload with its pods and agents, then the monitor and the load.
+func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario, err error) {
+	cfg.defaults()
+	s := &Scenario{Env: e, Cfg: cfg, Dir: filepath.Join(e.Dir, cfg.Namespace)}
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	s.Pushing = e.Bin.Pushes() && e.Bin.HasAgent()
+	if err := e.CP.CreateNamespace(ctx, cfg.Namespace); err != nil {
+		return nil, err
+	}
+	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
+		return nil, err
+	}
+	if s.Manager, err = NewManager(e.Bin, e.CP, s.Dir, ManagerOptions{
+		Namespace: cfg.Namespace, LeaseTTL: cfg.LeaseTTL, RenewEvery: cfg.RenewEvery, PushTimeout: cfg.PushTimeout,
+		ExtraArgs: cfg.ManagerArgs,
+	}); err != nil {
+		return nil, err
+	}
+	if len(s.Manager.Unsupported) > 0 {
+		cfg.Logf("manager does not accept %v: running it with its defaults for those", s.Manager.Unsupported)
+	}
+	if err := s.Manager.Start(ctx); err != nil {
+		return nil, err
+	}
+	if s.Keys, err = NewKeyDir(e.CP, filepath.Join(s.Dir, "keys"), cfg.Namespace); err != nil {
+		return nil, err
+	}
+	if s.Pushing {
+		if err := s.Keys.Wait(ctx, 30*time.Second); err != nil {
+			return nil, err
+		}
+		go s.Keys.Run(s.ctx, time.Second)
+	}
+
+	dq := cfg.QuotaObject
+	if dq == nil {
+		dq = NewQuota(QuotaConfig{Namespace: cfg.Namespace, Name: cfg.Quota, Limit: cfg.Limit, FactorPercent: cfg.FactorPercent,
+			Target: cfg.Workload, AcquireTimeout: cfg.AcquireTimeout, RequestTimeout: cfg.RequestTimeout})
+	}
+	dq = dq.DeepCopy()
+	dq.Namespace, dq.ResourceVersion = cfg.Namespace, ""
+	dq.Spec.Upstream = s.DS.URL
+	s.Cfg.Quota = dq.Name
+	if err := e.CP.Client.Create(ctx, dq); err != nil {
+		return nil, fmt.Errorf("creating the DownstreamQuota: %w", err)
+	}
+
+	var agentArgs []string
+	if cfg.Bootstrap {
+		path, err := s.writeBootstrap(dq)
+		if err != nil {
+			return nil, err
+		}
+		agentArgs = append(agentArgs, "--bootstrap="+path)
+	}
+	s.Workload = NewWorkload(e.CP, e.Bin, s.Keys, e.IPs, s.Dir, WorkloadConfig{
+		AgentArgs: agentArgs,
+		Namespace: cfg.Namespace, Name: cfg.Workload, MinReplicas: cfg.MinReplicas, MaxReplicas: cfg.MaxReplicas,
+		Deployment: cfg.Deployment, HPA: cfg.HPA, PodStartDelay: cfg.PodStartDelay, Terminating: cfg.Terminating,
+		Logf: cfg.Logf, NoAgents: !s.Pushing,
+	})
+	if err := s.Workload.Create(ctx, cfg.Replicas); err != nil {
+		return nil, err
+	}
+	if !s.Pushing {
+		// No agents: the Deployment, the HPA and the Pod objects only.
+		return s, nil
+	}
+	if !cfg.NoMonitor {
+		if s.Monitor, err = StartMonitor(s.ctx, MonitorConfig{
+			Source: s.Workload, Downstream: s.Cfg.Quota, Limit: cfg.Limit, Hz: cfg.MonitorHz, Key: s.Keys.Key,
+			SafeDefault: func() int32 { return s.safeDefault.Load() }, RequestTimeout: cfg.RequestTimeout,
+			DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	s.Started = time.Now()
+	if !cfg.NoLoad {
+		s.Load = StartLoad(s.ctx, LoadConfig{Source: s.Workload, Downstream: s.Cfg.Quota, WorkersPerAgent: cfg.WorkersPerAgent,
+			Timeout: 5 * time.Second, CallSuspended: cfg.CallSuspended})
+	}
+	return s, nil
+}
+
+// writeBootstrap writes a bootstrap Assignment for the quota's downstream at its safe default.
+func (s *Scenario) writeBootstrap(dq *apportionv1.DownstreamQuota) (string, error) {
+	safe := int32(int64(s.Cfg.Limit) * int64(s.Cfg.FactorPercent) / 100 / int64(s.Cfg.MaxReplicas))
+	a := assignment.Assignment{
+		LeaseTTL: assignment.Duration(s.Cfg.LeaseTTL),
+		Downstreams: []assignment.Downstream{{
+			Name: dq.Name, Upstream: dq.Spec.Upstream, Permits: safe, SafeDefaultPermits: safe,
+			AcquireTimeout: assignment.Duration(s.Cfg.AcquireTimeout), RequestTimeout: assignment.Duration(s.Cfg.RequestTimeout),
+			Fallback: assignment.Fallback{Action: "Reject"},
+		}},
+	}
+	data, err := json.MarshalIndent(a, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(s.Dir, "bootstrap.json")
+	return path, os.WriteFile(path, data, 0o644)
+}
+
+// ledger reads status.ledger (and keeps status.safeDefaultPermits for the monitor).
+func (s *Scenario) ledger(ctx context.Context) (int32, string, error) {
+	dq, err := s.Quota(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	s.safeDefault.Store(dq.Status.SafeDefaultPermits)
+	var b strings.Builder
+	fmt.Fprintf(&b, "pods=%d perPod=%s assigned=%d holdings:", dq.Status.Pods, dq.Status.PerPod, dq.Status.Assigned)
+	for _, h := range dq.Status.Holdings {
+		fmt.Fprintf(&b, " %s(granted=%d counted=%d inFlight=%d synced=%v)", h.Pod, h.Granted, h.Counted, h.InFlight, h.Synced)
+	}
+	return dq.Status.Ledger, b.String(), nil
+}
+
+// Quota reads the DownstreamQuota.
+func (s *Scenario) Quota(ctx context.Context) (*apportionv1.DownstreamQuota, error) {
+	return s.Env.CP.GetQuota(ctx, s.Cfg.Namespace, s.Cfg.Quota)
+}
+
+// PerPod is floor(limit × factor / pods).
+func (s *Scenario) PerPod(pods int32) int32 {
+	if pods <= 0 {
+		return 0
+	}
+	return int32(int64(s.Cfg.Limit) * int64(s.Cfg.FactorPercent) / 100 / int64(pods))
+}
+
+// States reads the State of every live pod's agent (pods not deleted), by pod.
+func (s *Scenario) States(ctx context.Context) (map[string]*assignment.State, error) {
+	key, err := s.Keys.Key()
+	if err != nil {
+		return nil, err
+	}
+	c := &assignment.Client{HTTP: probeClient, Key: key}
+	out := map[string]*assignment.State{}
+	var errs []error
+	for _, pod := range s.Workload.Pods() {
+		a := s.Workload.Agent(pod)
+		if a == nil || !a.Running() || a.Suspended() {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := c.State(rctx, a.ControlURL())
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", pod, err))
+			continue
+		}
+		out[pod] = st
+	}
+	return out, errors.Join(errs...)
+}
+
+// Effective is a State's effective permits for the scenario's downstream (-1 when absent).
+func (s *Scenario) Effective(st *assignment.State) int32 {
+	for _, d := range st.Downstreams {
+		if d.Name == s.Cfg.Quota {
+			return d.EffectivePermits
+		}
+	}
+	return -1
+}
+
+// WaitPermits waits until every live, running, reachable pod's agent enforces want permits.
+func (s *Scenario) WaitPermits(ctx context.Context, want int32, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		sts, err := s.States(ctx)
+		ok := err == nil && len(sts) > 0
+		last = fmt.Sprint(err)
+		for pod, st := range sts {
+			if e := s.Effective(st); e != want {
+				ok = false
+				last = fmt.Sprintf("%s enforces %d (epoch %d gen %d, lease expired %v)", pod, e, st.Epoch, st.Generation, st.LeaseExpired)
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pods did not converge on %d permits within %s: %s", want, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops the load, the monitor, the agents and the manager, removes the scenario's objects
+// and returns the monitor's summary (zero when there was none).
+func (s *Scenario) Close() MonitorStats {
+	var st MonitorStats
+	if s.Load != nil {
+		s.Load.Stop()
+	}
+	if s.Monitor != nil {
+		st = s.Monitor.Stop()
+	}
+	if s.Workload != nil {
+		s.Workload.Close()
+	}
+	if s.Manager != nil {
+		_ = s.Manager.Stop(5 * time.Second)
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	if s.DS != nil {
+		_ = s.DS.Close()
+	}
+	s.cleanupObjects()
+	return st
+}
+
+func (s *Scenario) cleanupObjects() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := s.Env.CP.Client
+	ns := client.InNamespace(s.Cfg.Namespace)
+	_ = c.DeleteAllOf(ctx, &apportionv1.DownstreamQuota{}, ns)
+	_ = c.DeleteAllOf(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, ns)
+	_ = c.DeleteAllOf(ctx, &appsv1.Deployment{}, ns)
+	var pods corev1.PodList
+	if c.List(ctx, &pods, ns) == nil {
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if len(p.Finalizers) > 0 {
+				orig := p.DeepCopy()
+				p.Finalizers = nil
+				_ = c.Patch(ctx, p, client.MergeFrom(orig))
+			}
+			_ = c.Delete(ctx, p, client.GracePeriodSeconds(0))
+		}
+	}
+}

@@ -1,0 +1,554 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// KubeletFinalizer keeps a deleted Pod terminating until the harness (the "kubelet") has stopped
+// its agent, as a real kubelet does.
+const KubeletFinalizer = "e2e.apportion.io/kubelet"
+
+// AgentPortAnnotation says where a pod's agent control port is (the manager reads it).
+const AgentPortAnnotation = "apportion.io/agent-port"
+
+// WorkloadConfig describes a Deployment scaled by an HPA whose pods run agents.
+type WorkloadConfig struct {
+	Namespace, Name string
+	// MinReplicas and MaxReplicas of the HPA.
+	MinReplicas, MaxReplicas int32
+	// Deployment and HPA, when set, are created as given (their namespace is set); otherwise
+	// the harness builds them. The pods copy the Deployment's template.
+	Deployment *appsv1.Deployment
+	HPA        *autoscalingv2.HorizontalPodAutoscaler
+	// PodStartDelay is how long the "kubelet" takes from a Pod's creation to its agent's start.
+	PodStartDelay time.Duration
+	// Terminating is how long a deleted Pod stays terminating (its agent still running) before
+	// the agent is stopped and the Pod goes away.
+	Terminating time.Duration
+	// AgentArgs are extra agent flags.
+	AgentArgs []string
+	// NoAgents creates the Pod objects (Running, with an address) but starts no agent: for a
+	// manager that only computes permits, or when there is no agent binary.
+	NoAgents bool
+	// Logf logs the workload's actions; nil discards.
+	Logf func(format string, args ...any)
+}
+
+// Workload plays the HPA, the deployment controller and the kubelet for one Deployment.
+type Workload struct {
+	cfg  WorkloadConfig
+	cp   *ControlPlane
+	bin  *Binaries
+	dir  string
+	keys *KeyDir
+	ips  *IPPool
+
+	mu     sync.Mutex
+	agents map[string]*Agent // every pod's agent whose process may be alive, deleted pods' included
+	live   []string          // pods not deleted, in creation order
+	seq    int
+	// desired and current are what the HPA status says.
+	desired, current int32
+	wg               sync.WaitGroup
+}
+
+// NewWorkload prepares a workload; Create makes its objects.
+func NewWorkload(cp *ControlPlane, bin *Binaries, keys *KeyDir, ips *IPPool, dir string, cfg WorkloadConfig) *Workload {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	return &Workload{cfg: cfg, cp: cp, bin: bin, dir: dir, keys: keys, ips: ips, agents: map[string]*Agent{}}
+}
+
+// Config returns the configuration.
+func (w *Workload) Config() WorkloadConfig { return w.cfg }
+
+// Labels are the pods' labels.
+func (w *Workload) Labels() map[string]string {
+	return w.deployment().Spec.Template.Labels
+}
+
+func (w *Workload) deployment() *appsv1.Deployment {
+	if w.cfg.Deployment != nil {
+		return w.cfg.Deployment
+	}
+	labels := map[string]string{"app": w.cfg.Name}
+	w.cfg.Deployment = &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Name, Namespace: w.cfg.Namespace},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{
+					{Name: "app", Image: "example.invalid/app:e2e"},
+					{Name: "apportion-agent", Image: "example.invalid/agent:e2e", Ports: []corev1.ContainerPort{
+						{Name: "apportion-ctl", ContainerPort: AgentControlPort},
+					}},
+				}},
+			},
+		},
+	}
+	return w.cfg.Deployment
+}
+
+func (w *Workload) hpa() *autoscalingv2.HorizontalPodAutoscaler {
+	if w.cfg.HPA != nil {
+		return w.cfg.HPA
+	}
+	w.cfg.HPA = &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Name, Namespace: w.cfg.Namespace},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: w.cfg.Name},
+			MinReplicas:    ptr.To(w.cfg.MinReplicas),
+			MaxReplicas:    w.cfg.MaxReplicas,
+			Metrics: []autoscalingv2.MetricSpec{{
+				Type: autoscalingv2.ResourceMetricSourceType,
+				Resource: &autoscalingv2.ResourceMetricSource{
+					Name:   corev1.ResourceCPU,
+					Target: autoscalingv2.MetricTarget{Type: autoscalingv2.UtilizationMetricType, AverageUtilization: ptr.To(int32(70))},
+				},
+			}},
+		},
+	}
+	return w.cfg.HPA
+}
+
+// Create creates the Deployment and the HPA with replicas, then the pods and their agents.
+func (w *Workload) Create(ctx context.Context, replicas int32) error {
+	d := w.deployment().DeepCopy()
+	d.Namespace, d.Spec.Replicas = w.cfg.Namespace, ptr.To(replicas)
+	if err := w.cp.Client.Create(ctx, d); err != nil {
+		return fmt.Errorf("creating the Deployment: %w", err)
+	}
+	h := w.hpa().DeepCopy()
+	h.Namespace = w.cfg.Namespace
+	if err := w.cp.Client.Create(ctx, h); err != nil {
+		return fmt.Errorf("creating the HPA: %w", err)
+	}
+	if err := w.SetHPA(ctx, replicas, replicas); err != nil {
+		return err
+	}
+	_, err := w.AddPods(ctx, int(replicas))
+	return err
+}
+
+// SetHPA writes the HPA's status: its decision (desired) and what it sees running (current).
+func (w *Workload) SetHPA(ctx context.Context, desired, current int32) error {
+	var h autoscalingv2.HorizontalPodAutoscaler
+	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: w.hpa().Name}, &h); err != nil {
+		return err
+	}
+	orig := h.DeepCopy()
+	h.Status.DesiredReplicas, h.Status.CurrentReplicas = desired, current
+	now := metav1.Now()
+	h.Status.LastScaleTime = &now
+	if err := w.cp.Client.Status().Patch(ctx, &h, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("writing the HPA status: %w", err)
+	}
+	w.mu.Lock()
+	w.desired, w.current = desired, current
+	w.mu.Unlock()
+	w.cfg.Logf("hpa %s: desired=%d current=%d", h.Name, desired, current)
+	return nil
+}
+
+// HPA returns the desired and current replicas last written.
+func (w *Workload) HPA() (desired, current int32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.desired, w.current
+}
+
+// SetSpecReplicas writes the Deployment's spec.replicas (what the HPA does through /scale).
+func (w *Workload) SetSpecReplicas(ctx context.Context, n int32) error {
+	var d appsv1.Deployment
+	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: w.deployment().Name}, &d); err != nil {
+		return err
+	}
+	orig := d.DeepCopy()
+	d.Spec.Replicas = ptr.To(n)
+	return w.cp.Client.Patch(ctx, &d, client.MergeFrom(orig))
+}
+
+// AddPods adds n pods in parallel.
+func (w *Workload) AddPods(ctx context.Context, n int) ([]*Agent, error) {
+	out := make([]*Agent, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { out[i], errs[i] = w.AddPod(ctx) })
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// AddPod creates a Pod object, starts its agent on a fresh loopback address (after
+// PodStartDelay) and writes the Pod's status: podIP, Running; Ready once the agent is ready.
+func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
+	ip, err := w.ips.Next()
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.seq++
+	name := fmt.Sprintf("%s-%03d", w.deployment().Name, w.seq)
+	w.mu.Unlock()
+
+	tpl := w.deployment().Spec.Template
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: w.cfg.Namespace,
+			Labels:      maps(tpl.Labels),
+			Annotations: maps(tpl.Annotations),
+			Finalizers:  []string{KubeletFinalizer},
+		},
+		Spec: *tpl.Spec.DeepCopy(),
+	}
+	pod.Annotations[AgentPortAnnotation] = strconv.Itoa(AgentControlPort)
+	if err := w.cp.Client.Create(ctx, pod); err != nil {
+		return nil, fmt.Errorf("creating pod %s: %w", name, err)
+	}
+	if w.cfg.PodStartDelay > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(w.cfg.PodStartDelay):
+		}
+	}
+	var a *Agent
+	if !w.cfg.NoAgents {
+		a = NewAgent(w.bin, name, ip, w.keys.Dir, w.dir, w.cfg.AgentArgs...)
+		if err := a.Start(ctx); err != nil {
+			_ = a.Kill()
+			return nil, err
+		}
+	}
+	w.mu.Lock()
+	if a != nil {
+		w.agents[name] = a
+	}
+	w.live = append(w.live, name)
+	w.mu.Unlock()
+
+	orig := pod.DeepCopy()
+	now := metav1.Now()
+	pod.Status = corev1.PodStatus{
+		Phase:     corev1.PodRunning,
+		PodIP:     ip,
+		PodIPs:    []corev1.PodIP{{IP: ip}},
+		HostIP:    "127.0.0.1",
+		StartTime: &now,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: now, Reason: "AgentNotReady"},
+		},
+	}
+	if err := w.cp.Client.Status().Patch(ctx, pod, client.MergeFrom(orig)); err != nil {
+		return a, fmt.Errorf("writing pod %s status: %w", name, err)
+	}
+	if a == nil {
+		w.cfg.Logf("pod %s up at %s (no agent)", name, ip)
+		return nil, nil
+	}
+	w.cfg.Logf("pod %s up at %s (agent pid %d)", name, ip, a.Pid())
+	w.wg.Go(func() { w.markReady(ctx, a) })
+	return a, nil
+}
+
+// markReady plays the readiness probe: once /readyz answers, the Pod's Ready condition is True.
+func (w *Workload) markReady(ctx context.Context, a *Agent) {
+	if err := a.WaitReady(ctx, 30*time.Second); err != nil {
+		return
+	}
+	var pod corev1.Pod
+	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: a.Pod}, &pod); err != nil || pod.DeletionTimestamp != nil {
+		return
+	}
+	orig := pod.DeepCopy()
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == corev1.PodReady {
+			pod.Status.Conditions[i].Status = corev1.ConditionTrue
+			pod.Status.Conditions[i].Reason = ""
+			pod.Status.Conditions[i].LastTransitionTime = metav1.Now()
+		}
+	}
+	_ = w.cp.Client.Status().Patch(ctx, &pod, client.MergeFrom(orig))
+}
+
+// Pods lists the pods not deleted, oldest first.
+func (w *Workload) Pods() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.live)
+}
+
+// Agent returns the agent of pod.
+func (w *Workload) Agent(pod string) *Agent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.agents[pod]
+}
+
+// Agents lists every agent whose process is alive (suspended ones included), whether or not its
+// pod still exists: what may be calling the downstream.
+func (w *Workload) Agents() []*Agent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*Agent, 0, len(w.agents))
+	for _, name := range sortedKeys(w.agents) {
+		if a := w.agents[name]; a.Running() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// DeletePod deletes a pod as the API and the kubelet would: the Pod turns terminating
+// (deletionTimestamp; the kubelet finalizer holds it), its agent keeps running for terminating,
+// then gets SIGTERM, and once it exited the finalizer is removed and the Pod is gone.
+func (w *Workload) DeletePod(ctx context.Context, name string, terminating time.Duration) error {
+	w.mu.Lock()
+	w.live = slices.DeleteFunc(w.live, func(s string) bool { return s == name })
+	a := w.agents[name]
+	w.mu.Unlock()
+	key := types.NamespacedName{Namespace: w.cfg.Namespace, Name: name}
+	if err := w.cp.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.cfg.Namespace}}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	w.cfg.Logf("pod %s terminating", name)
+	if terminating > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(terminating):
+		}
+	}
+	if a != nil {
+		// SIGTERM reaches the app and the agent together: the app stops calling, the agent drains.
+		a.SetDraining()
+		grace := 5 * time.Second
+		if a.Suspended() {
+			grace = 0 // frozen: it cannot drain; killed at once (the grace would only slow the test)
+		}
+		if err := a.Stop(grace); err != nil {
+			return err
+		}
+		w.mu.Lock()
+		delete(w.agents, name)
+		w.mu.Unlock()
+	}
+	if err := w.removeFinalizer(ctx, key); err != nil {
+		return err
+	}
+	w.cfg.Logf("pod %s gone", name)
+	return nil
+}
+
+// ForceDeletePod removes a Pod at once while its agent keeps running, as after a node was lost
+// and its pods force-deleted: the process may still be calling. The agent stays in Agents until
+// it is killed (KillAgent, then Forget).
+func (w *Workload) ForceDeletePod(ctx context.Context, name string) error {
+	w.mu.Lock()
+	w.live = slices.DeleteFunc(w.live, func(s string) bool { return s == name })
+	w.mu.Unlock()
+	key := types.NamespacedName{Namespace: w.cfg.Namespace, Name: name}
+	if err := w.removeFinalizer(ctx, key); err != nil {
+		return err
+	}
+	err := w.cp.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.cfg.Namespace}}, client.GracePeriodSeconds(0))
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	w.cfg.Logf("pod %s force-deleted (agent left running)", name)
+	return nil
+}
+
+// Forget drops a deleted pod's agent after it was killed.
+func (w *Workload) Forget(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !slices.Contains(w.live, name) {
+		delete(w.agents, name)
+	}
+}
+
+func (w *Workload) removeFinalizer(ctx context.Context, key types.NamespacedName) error {
+	for range 10 {
+		var pod corev1.Pod
+		if err := w.cp.Client.Get(ctx, key, &pod); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if !slices.Contains(pod.Finalizers, KubeletFinalizer) {
+			return nil
+		}
+		pod.Finalizers = slices.DeleteFunc(pod.Finalizers, func(s string) bool { return s == KubeletFinalizer })
+		err := w.cp.Client.Update(ctx, &pod)
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return fmt.Errorf("removing the finalizer of %s: too many conflicts", key)
+}
+
+// KillAgent kills a pod's agent (kill -9): the container crashed; the Pod stays.
+func (w *Workload) KillAgent(name string) error {
+	a := w.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no agent %s", name)
+	}
+	w.cfg.Logf("agent %s: kill -9", name)
+	return a.Kill()
+}
+
+// RestartAgent starts a killed agent again on the same address (the kubelet restarted the
+// container; the Pod keeps its IP).
+func (w *Workload) RestartAgent(ctx context.Context, name string) error {
+	a := w.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no agent %s", name)
+	}
+	if a.Running() {
+		if err := a.Kill(); err != nil {
+			return err
+		}
+	}
+	w.cfg.Logf("agent %s: restart", name)
+	return a.Start(ctx)
+}
+
+// SuspendAgent SIGSTOPs a pod's agent: alive, holding what it holds, but unreachable.
+func (w *Workload) SuspendAgent(name string) error {
+	a := w.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no agent %s", name)
+	}
+	w.cfg.Logf("agent %s: SIGSTOP", name)
+	return a.Suspend()
+}
+
+// ResumeAgent SIGCONTs a pod's agent.
+func (w *Workload) ResumeAgent(name string) error {
+	a := w.Agent(name)
+	if a == nil {
+		return fmt.Errorf("no agent %s", name)
+	}
+	w.cfg.Logf("agent %s: SIGCONT", name)
+	return a.Resume()
+}
+
+// ScaleOptions pace a scale event.
+type ScaleOptions struct {
+	// Step is the pause between the HPA's decision, the Deployment's spec.replicas, the pods'
+	// creation or deletion and the HPA's current replicas.
+	Step time.Duration
+	// Terminating overrides WorkloadConfig.Terminating when > 0.
+	Terminating time.Duration
+	// BetweenPhases, when set, is called between the phases with their name ("decided",
+	// "spec", "pods", "current") — a scenario kills the manager there.
+	BetweenPhases func(phase string)
+}
+
+// ScaleTo plays one HPA scale event to n pods: the HPA decides (status.desiredReplicas), writes
+// spec.replicas, the deployment controller and kubelet create or delete pods (newest first),
+// and the HPA sees them (status.currentReplicas).
+func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
+	pause := func(phase string) error {
+		if o.BetweenPhases != nil {
+			o.BetweenPhases(phase)
+		}
+		if o.Step <= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(o.Step):
+			return nil
+		}
+	}
+	cur := int32(len(w.Pods()))
+	if err := w.SetHPA(ctx, n, cur); err != nil {
+		return err
+	}
+	if err := pause("decided"); err != nil {
+		return err
+	}
+	if err := w.SetSpecReplicas(ctx, n); err != nil {
+		return err
+	}
+	if err := pause("spec"); err != nil {
+		return err
+	}
+	switch {
+	case n > cur:
+		if _, err := w.AddPods(ctx, int(n-cur)); err != nil {
+			return err
+		}
+	case n < cur:
+		pods := w.Pods()
+		victims := pods[len(pods)-int(cur-n):]
+		term := w.cfg.Terminating
+		if o.Terminating > 0 {
+			term = o.Terminating
+		}
+		errs := make([]error, len(victims))
+		var wg sync.WaitGroup
+		for i, p := range victims {
+			wg.Go(func() { errs[i] = w.DeletePod(ctx, p, term) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	if err := pause("pods"); err != nil {
+		return err
+	}
+	if err := w.SetHPA(ctx, n, int32(len(w.Pods()))); err != nil {
+		return err
+	}
+	return pause("current")
+}
+
+// Close kills every agent and waits for the workload's goroutines.
+func (w *Workload) Close() {
+	w.mu.Lock()
+	list := make([]*Agent, 0, len(w.agents))
+	for _, a := range w.agents {
+		list = append(list, a)
+	}
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, a := range list {
+		wg.Go(func() { _ = a.Kill() })
+	}
+	wg.Wait()
+	w.wg.Wait()
+}
+
+func maps(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m)+1)
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

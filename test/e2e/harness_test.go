@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/test/e2e/harness"
+)
+
+// TestHarnessDetectsViolations is the harness's own control, with no control plane and no
+// manager: agents with fixed permits (test/e2e/fakeagent). Within the limit, the monitor and the
+// downstream report nothing; above it, they must report violations and 429s — so the scenarios'
+// "zero violations" is not vacuous. A stopped agent is modeled from its last state.
+func TestHarnessDetectsViolations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	ctx := t.Context()
+	fake, err := harness.BuildPackage(ctx, "./test/e2e/fakeagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	keyDir := filepath.Join(dir, "keys")
+	if err := os.MkdirAll(keyDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(keyDir, "k1"), []byte("0123456789abcdef0123456789abcdef-e2e"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys := &harness.KeyDir{Dir: keyDir}
+	bin := &harness.Binaries{Agent: fake}
+	ips := harness.NewIPPool()
+
+	run := func(t *testing.T, permits int, stopOne bool) (harness.MonitorStats, harness.LoadStats) {
+		const limit = 10
+		ds, err := harness.StartDownstream(limit, 30*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ds.Close()
+		var agents harness.StaticAgents
+		for i := range 4 {
+			ip, err := ips.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := harness.NewAgent(bin, fmt.Sprintf("pod-%d", i), ip, keyDir, dir,
+				"--upstream="+ds.URL, "--permits="+strconv.Itoa(permits))
+			if err := a.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer a.Kill()
+			agents = append(agents, a)
+		}
+		mon, err := harness.StartMonitor(ctx, harness.MonitorConfig{Source: agents, Downstream: "logistics", Limit: limit,
+			Key: keys.Key, RequestTimeout: time.Second, DS: ds, SafeDefault: func() int32 { return 1 }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := harness.StartLoad(ctx, harness.LoadConfig{Source: agents, Downstream: "logistics", WorkersPerAgent: 5, MaxDuration: 1500 * time.Millisecond})
+		if stopOne {
+			time.Sleep(500 * time.Millisecond)
+			if err := agents[0].Suspend(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Millisecond)
+			if cur, _ := mon.Current(); cur.Unreachable != 1 || cur.Agents["pod-0"].Effective != int32(permits) {
+				t.Errorf("a stopped agent: %d unreachable, modeled at %d, want 1 and %d", cur.Unreachable, cur.Agents["pod-0"].Effective, permits)
+			}
+			_ = agents[0].Resume()
+		}
+		time.Sleep(1600 * time.Millisecond)
+		ls := load.Stop()
+		st := mon.Stop()
+		t.Logf("permits %d × 4, limit %d\nload: %s\nmonitor: %s", permits, limit, ls, st)
+		if st.Samples < 20 || st.Hz() < 20 {
+			t.Errorf("%d samples at %.1f Hz", st.Samples, st.Hz())
+		}
+		if ls.OK == 0 {
+			t.Errorf("no successful call: %s", ls)
+		}
+		return st, ls
+	}
+	t.Run("within", func(t *testing.T) {
+		st, _ := run(t, 2, true)
+		if !st.Ok() || st.MaxSumPermits != 8 {
+			t.Errorf("want no violation and Σ permits 8: %s", st)
+		}
+	})
+	t.Run("above", func(t *testing.T) {
+		st, ls := run(t, 4, false)
+		if st.PermitViolations == 0 || st.Downstream.TooMany429 == 0 || ls.TooMany429 == 0 || st.Ok() {
+			t.Errorf("want Σ-permit violations and 429s: %s", st)
+		}
+	})
+}

@@ -1,0 +1,429 @@
+package e2e
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/test/e2e/harness"
+)
+
+// converge is how long permits may take to follow a change. Pods removed by a scale-in are
+// counted until their lease (2s) and the request timeout (1s) passed, hence the margin.
+const converge = 15 * time.Second
+
+func mustConverge(t *testing.T, ctx context.Context, s *harness.Scenario) {
+	t.Helper()
+	n := int32(len(s.Workload.Pods()))
+	if err := s.WaitPermits(ctx, s.PerPod(n), converge); err != nil {
+		t.Fatalf("%d pods: %v", n, err)
+	}
+}
+
+// TestScaleSteps: 8 → 10 → 16 → 4 pods under steady load.
+func TestScaleSteps(t *testing.T) {
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	hold := dur(time.Second, 5*time.Second)
+	for _, n := range []int32{10, 16, 4} {
+		if err := s.Workload.ScaleTo(ctx, n, harness.ScaleOptions{Step: 100 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		mustConverge(t, ctx, s)
+		t.Logf("%d pods × %d permits after %s", n, s.PerPod(n), time.Since(t0).Round(time.Millisecond))
+		_ = sleep(ctx, hold)
+	}
+	finish(t, s, start)
+}
+
+// TestManagerKilledDuringScaleOut: kill -9 the manager after the HPA decided 8 → 16 and before
+// the new pods exist; the pods come up while no manager runs; a new manager starts, must fence
+// the old one's assignments with a higher epoch and wait out leases before raising anyone.
+func TestManagerKilledDuringScaleOut(t *testing.T) {
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	sts, err := s.States(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var oldEpoch int64
+	for _, st := range sts {
+		oldEpoch = max(oldEpoch, st.Epoch)
+	}
+	err = s.Workload.ScaleTo(ctx, 16, harness.ScaleOptions{Step: 150 * time.Millisecond, BetweenPhases: func(phase string) {
+		if phase == "spec" {
+			t.Logf("kill -9 the manager (pid %d)", s.Manager.Pid())
+			if err := s.Manager.Kill(); err != nil {
+				t.Error(err)
+			}
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sleep(ctx, time.Second)
+	if err := s.Manager.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	mustConverge(t, ctx, s)
+	t.Logf("16 pods × %d permits %s after the restart", s.PerPod(16), time.Since(t0).Round(time.Millisecond))
+	sts, err = s.States(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pod, st := range sts {
+		if st.Epoch <= oldEpoch {
+			t.Errorf("%s holds epoch %d after the restart, want > %d", pod, st.Epoch, oldEpoch)
+		}
+	}
+	if err := s.Workload.ScaleTo(ctx, 8, harness.ScaleOptions{Step: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	mustConverge(t, ctx, s)
+	finish(t, s, start)
+}
+
+// TestAgentKilledAndRestarted: kill -9 one agent; scale 8 → 10 while it is down (the others
+// lower, the dead one cannot ack); the kubelet restarts it on the same address; it gets its
+// permits back.
+func TestAgentKilledAndRestarted(t *testing.T) {
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	victim := s.Workload.Pods()[2]
+	if err := s.Workload.KillAgent(victim); err != nil {
+		t.Fatal(err)
+	}
+	_ = sleep(ctx, 500*time.Millisecond)
+	if err := s.Workload.ScaleTo(ctx, 10, harness.ScaleOptions{Step: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	_ = sleep(ctx, time.Second)
+	if err := s.Workload.RestartAgent(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	mustConverge(t, ctx, s)
+	t.Logf("the restarted agent %s got %d permits after %s", victim, s.PerPod(10), time.Since(t0).Round(time.Millisecond))
+	// And once more without a scale event in between.
+	if err := s.Workload.KillAgent(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Workload.RestartAgent(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	mustConverge(t, ctx, s)
+	_ = sleep(ctx, dur(time.Second, 5*time.Second))
+	finish(t, s, start)
+}
+
+// TestAgentSuspendedShareReclaimedAfterLease: SIGSTOP one agent (alive, holding 5 permits,
+// unreachable), then scale 4 → 5 pods. Global 20 with factor 100%: every pod should hold 4, the
+// others are lowered, but the new pod can only get what the stopped one's 5 leave free until the
+// stopped agent's lease passed plus the request timeout, after which it counts at its safe
+// default (min(5, 20/8 = 2)). Then the kubelet restarts the frozen container (kill -9, start):
+// it gets its 4 permits.
+func TestAgentSuspendedShareReclaimedAfterLease(t *testing.T) {
+	s, victim := suspendAndReclaim(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	if err := s.Workload.KillAgent(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Workload.RestartAgent(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	mustConverge(t, ctx, s)
+	t.Logf("after the restart of %s, all 5 pods × %d permits in %s", victim, s.PerPod(5), time.Since(t0).Round(time.Millisecond))
+	finish(t, s, s.Started)
+}
+
+// TestFrozenAgentResumes is the same, but the frozen agent resumes (SIGCONT) while its app kept
+// calling it: the control requests and the calls that queued in the kernel while it was frozen
+// all arrive at once. Pushes the manager gave up on long ago (a renewal of the old grant, a
+// lowering to 4) are then applied, each starting a fresh lease, although the manager already
+// counts the pod at its safe default and gave the rest away — docs/protocol.md lists "a frozen
+// agent process that resumes much later" as outside the model. This test shows what that costs
+// (it may see the downstream answer 429); it runs with E2E_FULL=1 (make test-e2e) only.
+func TestFrozenAgentResumes(t *testing.T) {
+	if !full {
+		t.Skip("known issue (delayed acceptance after a freeze, outside the protocol's model): runs with E2E_FULL=1")
+	}
+	s, victim := suspendAndReclaim(t, harness.ScenarioConfig{CallSuspended: true})
+	ctx := t.Context()
+	resumed := time.Now()
+	if err := s.Workload.ResumeAgent(victim); err != nil {
+		t.Fatal(err)
+	}
+	mustConverge(t, ctx, s)
+	t.Logf("after SIGCONT, all 5 pods × %d permits in %s", s.PerPod(5), time.Since(resumed).Round(time.Millisecond))
+	_ = sleep(ctx, time.Second)
+	for _, at := range s.DS.First429s() {
+		t.Logf("the downstream answered 429 at SIGCONT%+v", at.Sub(resumed).Round(time.Millisecond))
+	}
+	finish(t, s, s.Started)
+}
+
+// suspendAndReclaim runs the first part of both: it returns with the stopped agent's pod name,
+// after the reclaim was checked.
+func suspendAndReclaim(t *testing.T, cfg harness.ScenarioConfig) (*harness.Scenario, string) {
+	const limit = 20
+	cfg.Limit, cfg.FactorPercent, cfg.Replicas, cfg.MinReplicas, cfg.MaxReplicas, cfg.KeepHistory = limit, 100, 4, 2, 8, true
+	s := scenario(t, cfg)
+	ctx := t.Context()
+	mustConverge(t, ctx, s)
+	_ = sleep(ctx, 200*time.Millisecond) // the monitor has read everyone since
+	victim := s.Workload.Pods()[1]
+	if r, ok := s.Monitor.Last(victim); !ok || !r.Found {
+		t.Fatalf("no reading of %s", victim)
+	}
+	if err := s.Workload.SuspendAgent(victim); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	last, _ := s.Monitor.Last(victim)
+	held := last.DS.EffectivePermits
+	// The true lease end is at or after the one last read (a renewal may have landed since).
+	deadline := last.State.LeaseExpiresAt.Add(s.Cfg.RequestTimeout)
+	t.Logf("%s stopped holding %d permits; its lease ends %s after the stop; nothing may be reclaimed before +%s",
+		victim, held, last.State.LeaseExpiresAt.Sub(stopped).Round(time.Millisecond), deadline.Sub(stopped).Round(time.Millisecond))
+
+	if err := s.Workload.ScaleTo(ctx, 5, harness.ScaleOptions{Step: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	newPod := s.Workload.Pods()[4]
+	want := s.PerPod(5) // 4
+	var reclaimed time.Time
+	for time.Since(stopped) < deadline.Sub(stopped)+converge {
+		sts, _ := s.States(ctx)
+		if st, ok := sts[newPod]; ok && s.Effective(st) == want {
+			reclaimed = time.Now()
+			break
+		}
+		_ = sleep(ctx, 20*time.Millisecond)
+	}
+	if reclaimed.IsZero() {
+		t.Fatalf("the new pod %s never got %d permits", newPod, want)
+	}
+	t.Logf("new pod %s got its %d permits %s after the stop (lease+requestTimeout: %s)", newPod, want,
+		reclaimed.Sub(stopped).Round(time.Millisecond), deadline.Sub(stopped).Round(time.Millisecond))
+
+	// Before the deadline, the others (new pod included) held at most limit - held.
+	var maxBefore int32
+	var samplesBefore int
+	for _, smp := range s.Monitor.Samples() {
+		if smp.At.Before(stopped) || !smp.At.Before(deadline) {
+			continue
+		}
+		var others int32
+		for pod, a := range smp.Agents {
+			if pod != victim {
+				others += a.Effective
+			}
+		}
+		samplesBefore++
+		maxBefore = max(maxBefore, others)
+		if others > limit-held {
+			t.Errorf("%s after the stop, before the stopped agent's lease+requestTimeout: the others held %d > %d - %d (%s)",
+				smp.At.Sub(stopped).Round(time.Millisecond), others, limit, held, smp.PerPod())
+		}
+	}
+	t.Logf("before the deadline: %d samples, the others held at most %d (≤ %d)", samplesBefore, maxBefore, limit-held)
+	if samplesBefore < 20 {
+		t.Errorf("only %d samples before the deadline", samplesBefore)
+	}
+	if reclaimed.Before(deadline) {
+		t.Errorf("the new pod got its full share %s before the deadline", deadline.Sub(reclaimed))
+	}
+	return s, victim
+}
+
+// TestHPAFlapping: the HPA flaps 8 ↔ 12 every 2 s (10 s short, a minute full).
+func TestHPAFlapping(t *testing.T) {
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	end := time.Now().Add(dur(10*time.Second, time.Minute))
+	flaps := 0
+	for n := int32(12); time.Now().Before(end); n = 20 - n {
+		t0 := time.Now()
+		if err := s.Workload.ScaleTo(ctx, n, harness.ScaleOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		flaps++
+		_ = sleep(ctx, 2*time.Second-time.Since(t0))
+	}
+	mustConverge(t, ctx, s)
+	t.Logf("%d flaps", flaps)
+	finish(t, s, start)
+}
+
+// TestRandomized mixes scale events, manager kills, agent kills and stops, and flapping, from a
+// seed (E2E_SEED replays one), for 30 s (full: 3 minutes).
+func TestRandomized(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("E2E_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("E2E_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (replay: E2E_SEED=%d)", seed, seed)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replay with E2E_SEED=%d", seed)
+		}
+	})
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	w := s.Workload
+	end := time.Now().Add(dur(30*time.Second, 3*time.Minute))
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo))) }
+	pick := func() string { p := w.Pods(); return p[rng.IntN(len(p))] }
+	var dead, stoppedPods []string
+	actions := map[string]int{}
+	for time.Now().Before(end) && !t.Failed() {
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 3:
+			n := 4 + rng.Int32N(13)
+			actions["scale"]++
+			t.Logf("action: scale to %d", n)
+			err = w.ScaleTo(ctx, n, harness.ScaleOptions{Step: between(0, 300*time.Millisecond)})
+		case k < 4:
+			n := 4 + rng.Int32N(13)
+			actions["scale+manager-kill"]++
+			t.Logf("action: scale to %d, killing the manager on the way", n)
+			phase := []string{"decided", "spec", "pods"}[rng.IntN(3)]
+			err = w.ScaleTo(ctx, n, harness.ScaleOptions{Step: between(50*time.Millisecond, 300*time.Millisecond), BetweenPhases: func(p string) {
+				if p == phase {
+					_ = s.Manager.Kill()
+				}
+			}})
+			_ = sleep(ctx, between(100*time.Millisecond, 2*time.Second))
+			if serr := s.Manager.Start(ctx); err == nil {
+				err = serr
+			}
+		case k < 5:
+			actions["manager-restart"]++
+			t.Logf("action: kill -9 the manager and restart it")
+			err = s.Manager.Restart(ctx)
+		case k < 6:
+			p := pick()
+			if slices.Contains(dead, p) || slices.Contains(stoppedPods, p) {
+				continue
+			}
+			actions["agent-kill"]++
+			t.Logf("action: kill -9 agent %s", p)
+			err = w.KillAgent(p)
+			dead = append(dead, p)
+		case k < 7:
+			p := pick()
+			if slices.Contains(dead, p) || slices.Contains(stoppedPods, p) {
+				continue
+			}
+			actions["agent-stop"]++
+			t.Logf("action: SIGSTOP agent %s", p)
+			err = w.SuspendAgent(p)
+			stoppedPods = append(stoppedPods, p)
+		case k < 8:
+			actions["heal"]++
+			t.Logf("action: restart dead agents %v and frozen ones %v", dead, stoppedPods)
+			err = heal(ctx, w, &dead, &stoppedPods)
+		default:
+			a, b := 4+rng.Int32N(13), 4+rng.Int32N(13)
+			actions["flap"]++
+			t.Logf("action: flap %d ↔ %d", a, b)
+			for i := range 4 {
+				if err = w.ScaleTo(ctx, []int32{a, b}[i%2], harness.ScaleOptions{}); err != nil {
+					break
+				}
+				_ = sleep(ctx, between(100*time.Millisecond, 700*time.Millisecond))
+			}
+		}
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		_ = sleep(ctx, between(200*time.Millisecond, 1500*time.Millisecond))
+	}
+	if err := heal(ctx, w, &dead, &stoppedPods); err != nil {
+		t.Fatal(err)
+	}
+	mustConverge(t, ctx, s)
+	t.Logf("actions: %v", actions)
+	finish(t, s, start)
+}
+
+// heal restarts killed agents whose pods still exist, and frozen ones (kill -9 and start: the
+// kubelet restarting a container that failed its probes). Resuming a frozen agent (SIGCONT) is
+// TestFrozenAgentResumes' subject: outside the protocol's model.
+func heal(ctx context.Context, w *harness.Workload, dead, stopped *[]string) error {
+	live := w.Pods()
+	for _, p := range *stopped {
+		if a := w.Agent(p); a != nil && a.Running() {
+			if err := w.KillAgent(p); err != nil {
+				return err
+			}
+			*dead = append(*dead, p)
+		}
+	}
+	for _, p := range *dead {
+		if slices.Contains(live, p) {
+			if err := w.RestartAgent(ctx, p); err != nil {
+				return err
+			}
+		}
+	}
+	*dead, *stopped = nil, nil
+	return nil
+}
+
+// TestScaleOutWhileDraining: from 6 pods × 6 permits, each saturated with slow calls (1 s), the
+// HPA decides 15. The old pods are lowered to 2 but still have 6 calls in flight each (36) when
+// the new pods come up: the manager may give the new pods only what the drains leave free.
+//
+// With "bootstrap", agents start with a bootstrap configuration (their safe default, 40/16 = 2
+// permits, as pods meant to work without a manager would) and call at once: 36 draining + 9 × 2
+// = 54 > 50. The manager counts a pod that never answered at its safe default, but cannot stop it
+// from calling; the 20 % headroom (10) does not cover 9 new pods. That variant is a known issue
+// and runs with E2E_FULL=1 (make test-e2e) only.
+func TestScaleOutWhileDraining(t *testing.T) {
+	for _, bootstrap := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-bootstrap", true: "bootstrap"}[bootstrap], func(t *testing.T) {
+			if bootstrap && !full {
+				t.Skip("known issue (bootstrap permits of new pods on top of draining calls): runs with E2E_FULL=1")
+			}
+			s := scenario(t, harness.ScenarioConfig{Replicas: 6, MinReplicas: 4, MaxReplicas: 16, Latency: time.Second,
+				RequestTimeout: 3 * time.Second, WorkersPerAgent: 8, Bootstrap: bootstrap})
+			ctx := t.Context()
+			mustConverge(t, ctx, s)
+			_ = sleep(ctx, 1500*time.Millisecond) // every old pod saturated: 6 × 6 in flight
+			decided := time.Now()
+			if err := s.Workload.ScaleTo(ctx, 15, harness.ScaleOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			mustConverge(t, ctx, s)
+			t.Logf("15 pods × %d permits %s after the decision", s.PerPod(15), time.Since(decided).Round(time.Millisecond))
+			_ = sleep(ctx, 2*time.Second)
+			if at := s.DS.First429s(); len(at) > 0 {
+				t.Logf("the downstream's first 429 came %s after the HPA's decision", at[0].Sub(decided).Round(time.Millisecond))
+			}
+			finish(t, s, s.Started)
+		})
+	}
+}
