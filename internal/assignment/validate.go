@@ -84,6 +84,9 @@ func (a *Assignment) validate(bootstrap bool) error {
 		}
 		v.durRange("leaseTTL", a.LeaseTTL.D(), MinLeaseTTL, MaxLeaseTTL)
 	}
+	if len(a.Instance) > 64 {
+		v.add("instance", "must be at most 64 characters")
+	}
 	names := make(map[string]int, len(a.Downstreams))
 	for i := range a.Downstreams {
 		p := fmt.Sprintf("downstreams[%d]", i)

@@ -696,7 +696,11 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 			p.versions = append(p.versions, v)
 		}
 		v.sendEnd = now.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL)
-		w.a, w.v = p.content, v
+		// Address the push to the agent process last seen, so that a restarted one refuses it
+		// (409) and reports itself before it is granted anything; see assignment.Assignment.Instance.
+		a := *p.content
+		a.Instance = p.instance
+		w.a, w.v = &a, v
 	}
 	p.busy = w
 	return w

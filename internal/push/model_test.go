@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,10 +34,12 @@ type modelCall struct {
 }
 
 func newModelAgent() *modelAgent {
-	// instance stays "" unless a test sets it: the engine must also cope with agents that do
-	// not report one.
-	return &modelAgent{inflight: map[string]int32{}, requests: map[string]int64{}}
+	// Every model process has an instance id of its own, as real agents do; tests may clear it
+	// to model agents that do not report one.
+	return &modelAgent{instance: fmt.Sprintf("m%d", modelInstances.Add(1)), inflight: map[string]int32{}, requests: map[string]int64{}}
 }
+
+var modelInstances atomic.Int64
 
 func (m *modelAgent) leaseValid(now time.Time) bool {
 	return m.a != nil && now.Before(m.acceptedAt.Add(m.a.LeaseTTL.D()))
@@ -87,7 +90,8 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 
 // put applies a push as the agent would.
 func (m *modelAgent) put(a *assignment.Assignment, now time.Time) (*assignment.State, error) {
-	if a.Epoch < m.epoch || (a.Epoch == m.epoch && a.Generation < m.gen) {
+	if a.Epoch < m.epoch || (a.Epoch == m.epoch && a.Generation < m.gen) ||
+		(a.Instance != "" && a.Instance != m.instance) {
 		return nil, &assignment.StaleError{State: *m.state(now)}
 	}
 	m.epoch, m.gen, m.configured, m.a, m.acceptedAt = a.Epoch, a.Generation, true, a, now

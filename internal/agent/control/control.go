@@ -203,6 +203,14 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 		h.problem(w, http.StatusBadRequest, p)
 		return
 	}
+	// A manager that gave up on this request (it timed out: the agent was frozen or stalled) has
+	// already counted it as possibly landed, but applying it now would start a lease it no longer
+	// expects. Refuse it; the manager's next push is current.
+	if err := r.Context().Err(); err != nil {
+		h.log.Warn("assignment not applied: the manager gave up on the request", "remote", r.RemoteAddr,
+			"epoch", a.Epoch, "generation", a.Generation)
+		return
+	}
 	st, err := h.o.Backend.Apply(a)
 	if err != nil {
 		if errors.Is(err, assignment.ErrStale) {

@@ -116,6 +116,14 @@ func (e *Enforcer) Apply(a *assignment.Assignment) (assignment.State, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.clock.Now()
+	if a.Instance != "" && a.Instance != e.instance {
+		return e.stateLocked(now), fmt.Errorf("%w: pushed for agent instance %q, this is instance %q (the agent restarted)",
+			assignment.ErrStale, a.Instance, e.instance)
+	}
+	// The instance only addresses this push; what is held and compared on renewal is the content.
+	plain := *a
+	plain.Instance = ""
+	a = &plain
 	if e.configured && !e.bootstrap {
 		switch assignment.ComparePair(a.Epoch, a.Generation, e.epoch, e.gen) {
 		case -1:

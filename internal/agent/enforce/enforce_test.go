@@ -271,3 +271,32 @@ func TestSwitchStates(t *testing.T) {
 		t.Fatalf("snapshot = %+v", snap)
 	}
 }
+
+// A push addressed to another agent process is refused as stale, whatever its pair: the manager
+// must learn of the restart (the old process's calls may still run) before granting anything.
+func TestPushForAnotherInstanceIsRefused(t *testing.T) {
+	e, _ := newTestEnforcer(t)
+	st := mustApply(t, e, asg(2, 5, time.Minute, ds("a", 10, 3)))
+	if st.Instance == "" {
+		t.Fatal("State carries no instance id")
+	}
+	a := asg(2, 6, time.Minute, ds("a", 20, 3))
+	a.Instance = "someone-else"
+	st2, err := e.Apply(a)
+	if !errors.Is(err, assignment.ErrStale) {
+		t.Fatalf("Apply for another instance = %v, want ErrStale", err)
+	}
+	if st2.Instance != st.Instance || st2.Generation != 5 || effective(t, e, "a") != 10 {
+		t.Fatalf("refused push changed something or hid the instance: %+v", st2)
+	}
+	// Addressed to this instance, it applies, and a renewal with the instance set is a plain renewal.
+	a.Instance = st.Instance
+	mustApply(t, e, a)
+	if effective(t, e, "a") != 20 {
+		t.Fatal("push for this instance not applied")
+	}
+	mustApply(t, e, a)
+	if effective(t, e, "a") != 20 {
+		t.Fatal("renewal changed the permits")
+	}
+}

@@ -18,6 +18,8 @@ const (
 	CodeUnknownDownstream   = "APPORTION_UNKNOWN_DOWNSTREAM"   // 404
 	CodeUpstreamTimeout     = "APPORTION_UPSTREAM_TIMEOUT"     // 504
 	CodeUpstreamUnavailable = "APPORTION_UPSTREAM_UNAVAILABLE" // 502
+	CodeNotConfigured       = "APPORTION_NOT_CONFIGURED"       // 503: no assignment yet
+	CodeStalled             = "APPORTION_STALLED"              // 503: the agent stalled after admitting the call
 )
 
 // answerFallback answers a call that is not forwarded, with fc (the downstream's fallback or a

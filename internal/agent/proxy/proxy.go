@@ -159,10 +159,22 @@ type call struct {
 	key     string // stale cache key; "" when the response is not to be cached
 }
 
+// stallSlack is added to twice the acquire timeout before a call admitted that long ago counts
+// as stalled rather than slow to schedule.
+const stallSlack = 500 * time.Millisecond
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name, rest := splitPath(r.URL.EscapedPath())
 	t := h.enf.Table()
 	ds := t.Lookup(name)
+	if ds == nil && !h.enf.Ready() {
+		// No assignment yet (or shutting down): the downstream may well exist, it is just not
+		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404.
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, CodeNotConfigured, "Agent not configured",
+			"the agent has no assignment from the manager yet; no call is forwarded until it has one", name)
+		return
+	}
 	if ds == nil {
 		writeProblem(w, http.StatusNotFound, CodeUnknownDownstream, "Unknown downstream",
 			"no downstream called "+quote(name)+" is configured; call http://127.0.0.1:PORT/<downstream>/<path>", "")
@@ -251,11 +263,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ds.Metrics.AcquireWait.Observe(time.Since(start).Seconds())
+	waited := time.Since(start)
+	ds.Metrics.AcquireWait.Observe(waited.Seconds())
+	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
+	// this process was frozen or starved between admitting the call and forwarding it: its lease
+	// may have passed meanwhile and the manager may have handed the permit to another pod, so the
+	// call is not sent late. The permit is returned unused.
+	if waited > 2*cfg.AcquireTimeout+stallSlack {
+		ds.Sem.Release()
+		if haveTicket || br != nil {
+			tk.Cancel()
+		}
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, CodeStalled, "Agent stalled",
+			"the agent stalled after admitting the call; it was not forwarded", name)
+		return
+	}
 
 	// 7. Forward; 8, release and record, in the deferred function.
 	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context()}
-	ctx, cancel := context.WithTimeout(r.Context(), cfg.RequestTimeout)
+	// The upstream call is not cancelled when the app gives up: the downstream would keep working
+	// on it while the permit went to the next call, and its in-flight count would exceed ours.
+	// The permit is held until the downstream answered or RequestTimeout passed.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cfg.RequestTimeout)
 	c.ctx = ctx
 	defer func() {
 		cancel()

@@ -227,6 +227,12 @@ func TestForwarding(t *testing.T) {
 
 func TestUnknownDownstream(t *testing.T) {
 	a := newAgent(t, nil)
+	// Before any assignment, nothing is known: 503 not-configured rather than a misleading 404.
+	if r := a.do(t, http.MethodGet, "/nope/x"); r.status != 503 || problemCode(r) != CodeNotConfigured || r.header.Get("Retry-After") != "1" {
+		t.Errorf("unconfigured GET = %d %s", r.status, r.body)
+	}
+	_, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {})
+	a.apply(t, nil, downstream("known", up.URL, 4))
 	for _, p := range []string{"/nope/x", "/", ""} {
 		r := a.do(t, http.MethodGet, p)
 		if r.status != 404 || problemCode(r) != CodeUnknownDownstream {
@@ -790,4 +796,47 @@ func TestUpgradePassesThrough(t *testing.T) {
 	}
 	conn.Close()
 	waitFor(t, func() bool { return a.enf.State().Downstreams[0].InFlight == 0 })
+}
+
+// When the app gives up on a call, the downstream is still working on it: the permit stays held
+// until the downstream answered, so in flight at the downstream never exceeds the permits.
+func TestAppCancelKeepsThePermitUntilTheDownstreamAnswers(t *testing.T) {
+	a := newAgent(t, nil)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	_, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+	})
+	t.Cleanup(unblock) // runs before the upstream's Close, even when the test fails
+	a.apply(t, nil, downstream("slow", up.URL, 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.srv.URL+"/slow/x", nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := a.client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	cancel()
+	<-done
+	ds := a.enf.Table().Lookup("slow")
+	// The app is gone; the downstream still holds the call, and so does the permit.
+	for range 20 {
+		if got := ds.Sem.Stats().InFlight; got != 1 {
+			t.Fatalf("in flight after the app gave up = %d, want 1 while the downstream still works", got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	unblock()
+	deadline := time.Now().Add(5 * time.Second)
+	for ds.Sem.Stats().InFlight != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the permit was not released after the downstream answered")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
