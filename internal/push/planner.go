@@ -37,9 +37,7 @@ func (e planEntry) counted() int32 { return e.Carry + max(e.Held, e.Phantom, e.G
 // below its grant (lowering never raises what the ledger counts), then raises pods towards
 // their targets only from the room the ledger shows free, limit - Σ counted, pods holding
 // nothing first (a new pod becomes ready as soon as it has a permit), then by name. Raises may
-// be partial; raising within what a pod is already counted at costs nothing. When the ledger is
-// above the limit because a restarted agent's old calls were carried on top of its grant, that
-// pod's grant is lowered first. While recovering,
+// be partial; raising within what a pod is already counted at costs nothing. While recovering,
 // a pod is never raised above max(Held, Grant), what it surely holds: anything more could meet
 // holdings the ledger cannot see yet.
 //
@@ -55,22 +53,6 @@ func plan(limit int32, recovering bool, entries []planEntry) []int32 {
 		}
 		grants[i] = g
 		total += int64(e.Carry) + int64(max(e.Held, e.Phantom, g))
-	}
-	// A restarted agent's old calls (Carry) came on top of a grant that was made before the
-	// restart was known. When that leaves the ledger above the limit, the restarted pods give
-	// their grant back first: the new process waits for room like a new pod would.
-	for i, e := range entries {
-		if total <= int64(limit) {
-			break
-		}
-		if e.Carry == 0 || grants[i] == 0 {
-			continue
-		}
-		floor := max(e.Held, e.Phantom) // what lowering the grant cannot take off the count
-		cut := min(int64(grants[i]), total-int64(limit))
-		before := int64(max(floor, grants[i]))
-		grants[i] -= int32(cut)
-		total -= before - int64(max(floor, grants[i]))
 	}
 	room := int64(limit) - total
 

@@ -135,27 +135,6 @@ func TestPlan(t *testing.T) {
 			want: []int32{10, 4},
 		},
 		{
-			name:  "a restart found after its grant: the restarted pod gives the grant back until its old calls are over",
-			limit: 20,
-			entries: []E{
-				{Name: "a", Grant: 4, Target: 4, Carry: 4, CanRaise: true}, // counted 8: Σ 24 > 20
-				{Name: "b", Grant: 4, Target: 4, Held: 4, CanRaise: true},
-				{Name: "c", Grant: 4, Target: 4, Held: 4, CanRaise: true},
-				{Name: "d", Grant: 4, Target: 4, Held: 4, CanRaise: true},
-				{Name: "e", Grant: 4, Target: 4, Held: 4, CanRaise: true},
-			},
-			want: []int32{0, 4, 4, 4, 4},
-		},
-		{
-			name:  "a restarted pod keeps the part of its grant the room covers",
-			limit: 22,
-			entries: []E{
-				{Name: "a", Grant: 4, Target: 4, Carry: 4, CanRaise: true}, // Σ 24 > 22: give back 2
-				{Name: "b", Grant: 16, Target: 16, Held: 16, CanRaise: true},
-			},
-			want: []int32{2, 16},
-		},
-		{
 			name:       "recovery: a phantom (what a pod may hold unseen) is no headroom",
 			limit:      100,
 			recovering: true,
