@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -54,6 +55,11 @@ type DownstreamQuotaReconciler struct {
 	// KeyReplicator makes the agents' key Secret available in a quota's namespace, where its pods
 	// mount it; may be nil.
 	KeyReplicator func(ctx context.Context, namespace string) error
+
+	// decided remembers, per quota, the targets of the last status this reconciler computed. The
+	// cached status can lag behind a write just made, and a rebalance Event must describe the
+	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
+	decided sync.Map // types.NamespacedName → []apportionv1.TargetStatus
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -70,6 +76,7 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	var dq apportionv1.DownstreamQuota
 	if err := r.Get(ctx, req.NamespacedName, &dq); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.decided.Delete(req.NamespacedName)
 			if r.Pusher != nil {
 				r.Pusher.DeleteQuota(req.NamespacedName)
 			}
@@ -111,7 +118,12 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 
 	now := metav1.NewTime(r.Clock.Now())
 	status := computeStatus(&dq, obs, split, report, now)
-	if msg := rebalanceMessage(dq.Status.Targets, status.Targets); msg != "" {
+	prev := dq.Status.Targets
+	if d, ok := r.decided.Load(req.NamespacedName); ok {
+		prev = d.([]apportionv1.TargetStatus)
+	}
+	r.decided.Store(req.NamespacedName, status.Targets)
+	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
 		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
 	}
