@@ -7,12 +7,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/apportion/apportion/internal/agent/loadgen"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat: 100 on Linux.
@@ -37,42 +37,15 @@ func cpuTime(pid int) (time.Duration, error) {
 }
 
 // drive sends GETs to url at rps for dur, open loop, and returns the latencies.
-func drive(b *testing.B, c *http.Client, url string, rps int, dur time.Duration) []time.Duration {
-	interval := time.Second / time.Duration(rps)
-	n := int(dur / interval)
-	lat := make([]time.Duration, n)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for k := range n {
-		if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t := time.Now()
-			resp, err := c.Get(url)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				b.Errorf("status %d", resp.StatusCode)
-			}
-			lat[k] = time.Since(t)
-		}()
+func drive(b *testing.B, c *http.Client, url string, rps int, dur time.Duration) loadgen.Latencies {
+	lat, err := loadgen.OpenLoop(c, url, rps, dur)
+	if err != nil {
+		b.Error(err)
 	}
-	wg.Wait()
 	return lat
 }
 
-func pct(l []time.Duration, p float64) float64 {
-	s := slices.Clone(l)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(float64(len(s))*p))]) / float64(time.Microsecond)
-}
+func pct(l loadgen.Latencies, p float64) float64 { return loadgen.Micros(l.Pct(p)) }
 
 // BenchmarkAgentCPU runs the agent binary as its own process, drives 2,000 calls/s through it
 // for 3 s to a trivial upstream (both in this process, on 127.0.0.1) and reads the agent's CPU

@@ -4,12 +4,12 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/loadgen"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -27,38 +27,10 @@ func benchServer(b *testing.B, h http.Handler) string {
 	return "http://" + ln.Addr().String()
 }
 
-type latencies []time.Duration
+type latencies = loadgen.Latencies
 
-func (l latencies) pct(p float64) time.Duration {
-	s := slices.Clone(l)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, int(float64(len(s))*p))]
-}
+func us(d time.Duration) float64 { return loadgen.Micros(d) }
 
-func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-func timedGet(c *http.Client, url string) (time.Duration, error) {
-	start := time.Now()
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return 0, &statusErr{resp.StatusCode}
-	}
-	return time.Since(start), nil
-}
-
-type statusErr struct{ code int }
-
-func (e *statusErr) Error() string { return http.StatusText(e.code) }
-
-// closedLoop runs n calls over conc clients, each sending its next call when the last returned.
 func closedLoop(b *testing.B, c *http.Client, url string, conc, n int) latencies {
 	out := make(latencies, n)
 	var wg sync.WaitGroup
@@ -76,7 +48,7 @@ func closedLoop(b *testing.B, c *http.Client, url string, conc, n int) latencies
 				if k >= n {
 					return
 				}
-				d, err := timedGet(c, url)
+				d, err := loadgen.Get(c, url)
 				if err != nil {
 					b.Error(err)
 					return
@@ -92,27 +64,10 @@ func closedLoop(b *testing.B, c *http.Client, url string, conc, n int) latencies
 // openLoop sends calls at a fixed rate for dur, whatever the answers do, and returns their
 // latencies (from the moment each was sent).
 func openLoop(b *testing.B, c *http.Client, url string, rps int, dur time.Duration) latencies {
-	interval := time.Second / time.Duration(rps)
-	n := int(dur / interval)
-	out := make(latencies, n)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for k := range n {
-		if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d, err := timedGet(c, url)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			out[k] = d
-		}()
+	out, err := loadgen.OpenLoop(c, url, rps, dur)
+	if err != nil {
+		b.Error(err)
 	}
-	wg.Wait()
 	return out
 }
 
@@ -146,7 +101,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	cd, ca := benchClient(), benchClient()
 
 	report := func(b *testing.B, d, a latencies) {
-		dp50, dp99, ap50, ap99 := d.pct(.50), d.pct(.99), a.pct(.50), a.pct(.99)
+		dp50, dp99, ap50, ap99 := d.Pct(.50), d.Pct(.99), a.Pct(.50), a.Pct(.99)
 		b.ReportMetric(us(dp50), "direct-p50-µs")
 		b.ReportMetric(us(dp99), "direct-p99-µs")
 		b.ReportMetric(us(ap50), "agent-p50-µs")
