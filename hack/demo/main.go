@@ -70,7 +70,7 @@ func run(ctx context.Context) (err error) {
 	defer harness.RemoveBuild()
 	fmt.Printf("   built in %s", bin.BuildTime.Round(100*time.Millisecond))
 	if !bin.HasAgent() {
-		fmt.Printf(" (no agent: %v)", firstLine(bin.AgentErr))
+		fmt.Printf(" (no agent: %v)", harness.FirstLine(bin.AgentErr))
 	}
 	fmt.Println()
 
@@ -266,17 +266,6 @@ func printRows(rows []row, pushing bool) {
 		}
 	}
 	_ = w.Flush()
-}
-
-func firstLine(err error) string {
-	if err == nil {
-		return ""
-	}
-	s := err.Error()
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }
 
 func ptr[T any](v T) *T { return &v }

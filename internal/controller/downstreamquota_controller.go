@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -127,9 +128,12 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		status.LastRebalanceTime = &now
 		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
 	}
-	if report != nil && len(report.Unreachable) > 0 && !sameStrings(unreachableIn(dq.Status), report.Unreachable) {
-		r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, "PodsUnreachable", "Push",
-			"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
+	// One Warning each time the set of unreachable pods changes: the condition's message names it.
+	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse {
+		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
+			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, "PodsUnreachable", "Push",
+				"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
+		}
 	}
 	if equality.Semantic.DeepEqual(dq.Status, status) {
 		return ctrl.Result{}, nil
@@ -359,18 +363,6 @@ func ptrOr(p *int32, def int32) int32 {
 		return def
 	}
 	return *p
-}
-
-func sameStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name

@@ -145,16 +145,3 @@ func rebalanceMessage(before, after []apportionv1.TargetStatus) string {
 	}
 	return strings.Join(parts, "; ")
 }
-
-// unreachableIn recovers the unreachable pods named in a status's holdings.
-func unreachableIn(st apportionv1.DownstreamQuotaStatus) []string {
-	c := meta.FindStatusCondition(st.Conditions, apportionv1.ConditionPodsReachable)
-	if c == nil || c.Status != metav1.ConditionFalse {
-		return nil
-	}
-	list := strings.TrimPrefix(c.Message, "agents not reachable: ")
-	if i := strings.Index(list, ";"); i >= 0 {
-		list = list[:i]
-	}
-	return strings.Split(list, ", ")
-}

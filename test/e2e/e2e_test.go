@@ -90,7 +90,7 @@ func env(t tb) *harness.Env {
 	switch {
 	// Both binaries are part of this repository: a missing one is a failure, never a skip.
 	case !b.HasAgent():
-		t.Fatalf("no agent binary: %v", firstLine(b.AgentErr))
+		t.Fatalf("no agent binary: %v", harness.FirstLine(b.AgentErr))
 	case !b.Pushes():
 		t.Fatalf("the manager takes no --lease-ttl: its push engine is not wired, nothing reaches the agents")
 	}
@@ -208,17 +208,6 @@ func verdict(st harness.MonitorStats) string {
 		return "zero violations of Σ permits, Σ in-flight and 429s; the manager's ledger went over"
 	}
 	return "VIOLATIONS"
-}
-
-func firstLine(err error) string {
-	if err == nil {
-		return ""
-	}
-	s := err.Error()
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

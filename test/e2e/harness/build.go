@@ -201,3 +201,16 @@ func BuildPackage(ctx context.Context, pkg string) (string, error) {
 	}
 	return filepath.Join(b.Dir, filepath.Base(pkg)), nil
 }
+
+// FirstLine is the first line of err's message ("" for nil): build errors carry the whole
+// compiler output, which is too long for a test's or the demo's one-line report.
+func FirstLine(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
