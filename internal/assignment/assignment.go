@@ -141,6 +141,10 @@ type State struct {
 	// Instance identifies the agent process (random at start): a different value means the agent
 	// restarted, and calls of the old process may still be running at the downstream.
 	Instance string `json:"instance,omitempty"`
+	// Uptime is how long the agent process had run when it answered. A manager that meets the
+	// process for the first time learns from it whether a predecessor in the same pod may have
+	// stopped less than a request timeout ago, with calls still running at the downstream.
+	Uptime Duration `json:"uptime,omitempty"`
 	// Epoch and Generation of the assignment held (0, 0 before the first).
 	Epoch      int64 `json:"epoch"`
 	Generation int64 `json:"generation"`

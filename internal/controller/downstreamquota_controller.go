@@ -300,6 +300,7 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 				RatePerSecond: rps,
 				RateBurst:     burst,
 				Terminating:   p.DeletionTimestamp != nil,
+				Bootstrap:     agentBootstraps(&p),
 			})
 		}
 	}
@@ -339,6 +340,23 @@ func agentEndpoint(p *corev1.Pod) string {
 		host = "[" + host + "]"
 	}
 	return fmt.Sprintf("http://%s:%d", host, port)
+}
+
+// agentBootstraps says whether one of the pod's containers runs with a --bootstrap flag (in its
+// command or arguments): such an agent may call on its safe default before the manager reached
+// it, so the ledger counts it at that until it answers.
+func agentBootstraps(p *corev1.Pod) bool {
+	for _, c := range p.Spec.Containers {
+		for _, list := range [][]string{c.Command, c.Args} {
+			for _, a := range list {
+				flag, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+				if strings.HasPrefix(a, "-") && flag == "bootstrap" {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // switchesFor lists the degrade switches that are in force for this quota now.

@@ -167,10 +167,13 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 			c.pods[dp.UID] = p
 		}
 		p.name = dp.Name
+		p.bootstrap = dp.Bootstrap
 		if dp.Endpoint != p.endpoint {
 			p.endpoint = dp.Endpoint
 			if dp.Endpoint != "" {
-				p.everIP = true
+				if !p.everIP {
+					p.everIP, p.ipAt = true, now
+				}
 				p.failures, p.retryAt = 0, time.Time{} // a new address deserves a fresh try
 			}
 		}
@@ -775,12 +778,9 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 // applyState learns from an agent's State what it holds and has in flight.
 func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	if p.known && c.restarted(p, st) {
-		// The agent's state went backwards: a new process. The old one's calls may still run.
-		c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
-		for _, e := range p.entries {
-			h, ph, carry, _ := c.held(e, now)
-			e.carry, e.carryUntil = carry+max(h, ph), now.Add(e.rt)
-		}
+		c.forgetProcess(p, st, now)
+	} else if !p.known {
+		c.carryPredecessor(p, st, now)
 	}
 	p.known = true
 	p.reportAt = now
@@ -835,6 +835,61 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 				break
 			}
 		}
+	}
+}
+
+// forgetProcess handles an agent that restarted (st comes from a new process). The old process's
+// calls may still run at the downstream for a request timeout: what it may have held is carried
+// on top of whatever the new process gets. The new process holds nothing of ours, so its grant
+// starts again from 0 and it is raised only from room the ledger shows free; re-pushing the old
+// grant would count the pod twice (carry + grant), above what it was counted at before.
+//
+// The versions the old process held are now stood for by the carry and are dropped: left in
+// place, their fallbacks would count for as long as the pod exists, since the new process never
+// reports a generation that retires them. Only a push that may still land at the new process is
+// kept: none when the restart was told by the instance id (every push was addressed to the old
+// instance, which the new process refuses); for an agent without one, a push in flight or one
+// that failed without a definite refusal.
+func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
+	c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
+	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
+	for _, e := range p.entries {
+		h, ph, carry, _ := c.held(e, now)
+		e.carry, e.carryUntil = carry+max(h, ph), now.Add(e.rt)
+		e.grant = 0
+		c.markQuota(e.q)
+	}
+	keep := p.versions[:0]
+	for _, v := range p.versions {
+		if !byInstance && (!v.sendEnd.IsZero() || now.Before(v.failEnd)) {
+			keep = append(keep, v)
+		}
+	}
+	clear(p.versions[len(keep):])
+	p.versions = keep
+	c.markDirty(p)
+}
+
+// carryPredecessor handles the first answer of an agent to this engine. When the pod already had
+// an endpoint while a previous manager may still have been pushing (this engine's recovery
+// window) and the agent process that answers is younger than a request timeout, an earlier
+// process of the same pod may have held a previous manager's permits and may still have calls
+// running at the downstream until the new process's start + RT. What the ledger counted for the
+// unknown pod until now is carried until then. A pod this engine saw from its first endpoint on
+// needs no carry: nobody but this engine configures it, and it never pushes an unknown pod.
+func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time) {
+	if st.Uptime <= 0 || !c.started || !p.everIP || !c.mayPredate(p) {
+		return
+	}
+	began := now.Add(-st.Uptime.D())
+	for _, e := range p.entries {
+		until := began.Add(e.rt)
+		if !now.Before(until) {
+			continue
+		}
+		h, ph, carry, _ := c.held(e, now)
+		e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
+		c.markQuota(e.q)
 	}
 }
 

@@ -342,6 +342,69 @@ func TestRecoveryLearnsHoldingsAndForbidsRaises(t *testing.T) {
 	}
 }
 
+// A pod that existed when the engine started may have run an agent process that a previous
+// manager configured. When the process that first answers this engine is younger than a request
+// timeout, the earlier one's calls may still run: what the unknown pod was counted at is carried
+// until the young process's start + RT. An old process needs no carry.
+func TestFirstContactWithAYoungProcessCarriesItsPredecessor(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		age       time.Duration // of the process that first answers
+		wantGrant int32         // right after the first contact
+	}{
+		{"young process", time.Second, 6}, // 24 - 8 - 8 - carry 2
+		{"old process", time.Hour, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.policy["http://p0"] = dropped // unreachable from the start
+			h.set(quota(24, 3, 8, 2))
+			h.begin(1)
+			h.runFor(h.c.recoverUntil(h.c.quotas[qKey]).Sub(h.now) + time.Second)
+			r := h.report("ns", "q")
+			if g := grants(r); g["p1"] != 8 || g["p2"] != 8 || h.holding(r, "p0").Counted != 2 {
+				t.Fatalf("before p0 answers: %+v", r.Holdings)
+			}
+			a := newModelAgent()
+			a.started = h.now.Add(-tc.age)
+			h.agents["http://p0"] = a
+			delete(h.policy, "http://p0")
+			h.runFor(3 * time.Second)
+			r = h.report("ns", "q")
+			if r.Ledger > 24 {
+				t.Fatalf("ledger %d > 24: %+v", r.Ledger, r.Holdings)
+			}
+			if hp0 := h.holding(r, "p0"); hp0.Granted != tc.wantGrant {
+				t.Fatalf("p0 after its first answer: %+v, want granted %d", hp0, tc.wantGrant)
+			}
+			h.runFor(hRT)
+			if hp0 := h.holding(h.report("ns", "q"), "p0"); hp0.Granted != 8 || hp0.Counted != 8 {
+				t.Fatalf("p0 a request timeout later: %+v", hp0)
+			}
+		})
+	}
+}
+
+// A pod that got its IP after the engine started and has not answered yet holds nothing, unless
+// its agent runs a bootstrap file: then it may already call on its safe default.
+func TestNewPodNotAnsweringIsCountedOnlyWithABootstrapFile(t *testing.T) {
+	d := quota(30, 2, 8, 2)
+	h := converged(t, d, nil)
+	plain, boot := pod(2, 8, 2), pod(3, 8, 2)
+	boot.Bootstrap = true
+	d.Pods = append(d.Pods, plain, boot)
+	h.policy["http://p2"], h.policy["http://p3"] = dropped, dropped
+	h.set(d)
+	h.runFor(2 * time.Second)
+	r := h.report("ns", "q")
+	if got := h.holding(r, "p2").Counted; got != 0 {
+		t.Fatalf("new pod without a bootstrap file counted %d before it answered, want 0", got)
+	}
+	if got := h.holding(r, "p3").Counted; got != 2 {
+		t.Fatalf("new pod with a bootstrap file counted %d before it answered, want its safe default 2", got)
+	}
+}
+
 func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h := newHarness(t, nil)
 	a := newModelAgent()
@@ -359,53 +422,61 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	}
 }
 
+// A restarted agent's old process may still have calls running at the downstream for a request
+// timeout. The engine carries its bound and grants the new process only from free room: the pod
+// is never counted at the old calls plus a fresh grant above the limit.
 func TestAgentRestartCarriesOldCalls(t *testing.T) {
-	d := quota(20, 2, 10, 3)
-	h := converged(t, d, nil)
-	a0 := h.agent("http://p0")
-	a0.inflight["q"], a0.requests["q"] = 7, 100
-	h.advance(3 * time.Second) // the renewal reports 7 in flight, 100 requests
-	h.settle()
-	// The agent restarts and the next renewal, accepted by the fresh process, is all the engine
-	// sees: only the request counter went backwards. The old process's calls may still run.
-	h.agents["http://p0"] = newModelAgent()
-	d.Pods[1].Permits = 20
-	h.set(d)
-	h.advance(3 * time.Second)
-	h.settle()
-	r := h.report("ns", "q")
-	if hp0 := h.holding(r, "p0"); hp0.Counted < 17 {
-		t.Fatalf("restarted p0 counted %d: the old process's 7 calls and the new one's 10 must both count", hp0.Counted)
-	}
-	if h.agent("http://p0").gen == 0 {
-		t.Fatal("the restarted agent was not pushed to again")
-	}
-	// A request timeout later the old calls are over.
-	h.runFor(hRT + time.Second)
-	if hp0 := h.holding(h.report("ns", "q"), "p0"); hp0.Counted != 10 {
-		t.Fatalf("p0 counted %d a request timeout after the restart", hp0.Counted)
-	}
-}
-
-// A restarted agent whose counters happen not to go backwards is still noticed by its instance.
-func TestAgentRestartNoticedByInstance(t *testing.T) {
-	d := quota(20, 2, 10, 3)
-	h := converged(t, d, nil)
-	a0 := h.agent("http://p0")
-	a0.instance = "old"
-	a0.inflight["q"], a0.requests["q"] = 7, 100
-	h.advance(3 * time.Second)
-	h.settle()
-	fresh := newModelAgent()
-	fresh.instance = "new"
-	fresh.requests["q"] = 500 // the counter went forward: only the instance tells
-	h.agents["http://p0"] = fresh
-	d.Pods[1].Permits = 20
-	h.set(d)
-	h.advance(3 * time.Second)
-	h.settle()
-	if hp0 := h.holding(h.report("ns", "q"), "p0"); hp0.Counted < 17 {
-		t.Fatalf("restarted p0 counted %d: the old process's 7 calls and the new one's 10 must both count", hp0.Counted)
+	for _, tc := range []struct {
+		name     string
+		instance bool // the agents report an instance id (real agents do)
+	}{{"by instance", true}, {"by counters", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := quota(20, 2, 10, 3)
+			h := newHarness(t, nil)
+			a0 := h.agent("http://p0")
+			if !tc.instance {
+				a0.instance = ""
+			}
+			h.begin(1)
+			h.set(d)
+			h.runFor(hWin + hRT + 100*time.Millisecond)
+			a0.inflight["q"], a0.requests["q"] = 7, 100
+			h.advance(3 * time.Second) // the renewal reports 7 in flight, 100 requests
+			h.settle()
+			fresh := newModelAgent()
+			if tc.instance {
+				fresh.requests["q"] = 500 // the counter went forward: only the instance tells
+			} else {
+				fresh.instance = "" // only the request counter going backwards tells
+			}
+			h.agents["http://p0"] = fresh
+			h.advance(3 * time.Second)
+			h.settle()
+			r := h.report("ns", "q")
+			if r.Ledger > 20 {
+				t.Fatalf("ledger %d > limit 20 after the restart: %+v", r.Ledger, r.Holdings)
+			}
+			if hp0 := h.holding(r, "p0"); hp0.Counted != 10 {
+				t.Fatalf("restarted p0 counted %d, want the old process's bound of 10", hp0.Counted)
+			}
+			if tc.instance {
+				if got := fresh.limit("q", h.now); got != 0 {
+					t.Fatalf("the new process holds %d while the old one's calls may run; want 0", got)
+				}
+			}
+			// A request timeout later the old calls are over and the new process gets its share.
+			h.runFor(hRT + time.Second)
+			r = h.report("ns", "q")
+			if hp0 := h.holding(r, "p0"); hp0.Counted != 10 || hp0.Granted != 10 || !hp0.Synced {
+				t.Fatalf("p0 a request timeout after the restart: %+v", hp0)
+			}
+			if got := fresh.limit("q", h.now); got != 10 {
+				t.Fatalf("the new process holds %d, want 10", got)
+			}
+			if r.Ledger > 20 {
+				t.Fatalf("ledger %d > limit 20", r.Ledger)
+			}
+		})
 	}
 }
 

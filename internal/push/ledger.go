@@ -124,7 +124,9 @@ type podState struct {
 	name      string
 	namespace string
 	endpoint  string
-	everIP    bool // the pod had an endpoint once (it may be calling)
+	everIP    bool      // the pod had an endpoint once (it may be calling)
+	ipAt      time.Time // when this engine first saw it with an endpoint
+	bootstrap bool      // DesiredPod.Bootstrap
 	entries   map[types.NamespacedName]*entry
 	goneAt    time.Time // when the pod stopped being listed by any quota; zero while listed
 	finalPush bool      // every quota of the pod was deleted: push it an empty assignment, then forget it
@@ -189,10 +191,13 @@ func (p *podState) version(gen int64) *version {
 //     (PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
 //     when it answered surely, its permits as a phantom bound (its lease may have lapsed). A
 //     bootstrap file never raises, so it counts at what it enforced.
-//   - A pod that has had an IP but never answered may run on a bootstrap file: its safe default
-//     as a phantom, until a lease window plus a request timeout after it is gone. So may a pod
-//     whose last report came before a previous manager's last push could land
-//     (mayHoldLateForeign).
+//   - A pod that has had an IP but never answered may run on a bootstrap file (when it has one)
+//     or on the fallback of a previous manager's assignment (when it had its IP before that
+//     manager's last push could land, mayPredate): its safe default as a phantom, until a lease
+//     window plus a request timeout after it is gone. So may a pod whose last report came before
+//     a previous manager's last push could land (mayHoldLateForeign). A pod without a bootstrap
+//     file that got its IP later holds nothing before it answers: only this engine configures
+//     it, and it never pushes a pod that has not answered.
 //   - When an agent restarted, the calls of its previous process may still run for a request
 //     timeout, on top of what the new process admits: the bound before the restart is carried
 //     and added.
@@ -252,7 +257,7 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 			}
 		}
 	}
-	if (!p.known && p.everIP) || c.mayHoldLateForeign(p) {
+	if (!p.known && p.everIP && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
 		if !gone {
 			phantom = max(phantom, e.sd)
 		} else if end := p.goneAt.Add(window + e.rt); now.Before(end) {
@@ -274,6 +279,12 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 // recovery; then it runs on a fallback, at most its safe default.
 func (c *core) mayHoldLateForeign(p *podState) bool {
 	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+}
+
+// mayPredate says whether a previous manager may have configured the pod: the engine saw it
+// with an endpoint before engine start + PushTimeout + AcceptGrace (or has not started).
+func (c *core) mayPredate(p *podState) bool {
+	return !c.started || p.ipAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
 }
 
 // counted is what the ledger counts for the entry now.

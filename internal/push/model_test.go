@@ -16,7 +16,8 @@ import (
 // modelAgent is what an agent does, without HTTP: fencing by (epoch, generation), a lease from
 // acceptance, the fallback when it lapses, and calls that hold permits.
 type modelAgent struct {
-	instance   string // assignment.State.Instance
+	instance   string    // assignment.State.Instance
+	started    time.Time // the process's start, for assignment.State.Uptime; zero: not reported
 	epoch, gen int64
 	configured bool
 	a          *assignment.Assignment
@@ -77,6 +78,9 @@ func (m *modelAgent) inFlight(ds string, now time.Time) int32 {
 
 func (m *modelAgent) state(now time.Time) *assignment.State {
 	st := &assignment.State{Instance: m.instance, Epoch: m.epoch, Generation: m.gen, Configured: m.configured, LeaseExpired: m.a != nil && !m.leaseValid(now)}
+	if !m.started.IsZero() {
+		st.Uptime = assignment.Duration(max(now.Sub(m.started), time.Millisecond))
+	}
 	if m.a != nil {
 		for _, d := range m.a.Downstreams {
 			st.Downstreams = append(st.Downstreams, assignment.DownstreamState{

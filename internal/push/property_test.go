@@ -194,6 +194,7 @@ func runProperty(t *testing.T, seed uint64) {
 			sd: rng.Int32N(limit/6 + 1)} // a pod's safe default is stable (it changes with the spec only)
 		pods = append(pods, p)
 		agents[p.endpoint] = &propAgent{cur: newModelAgent()}
+		agents[p.endpoint].cur.started = h.now
 		return p
 	}
 	desired := func() DesiredQuota {
@@ -417,13 +418,12 @@ func runProperty(t *testing.T, seed uint64) {
 				if tracePod == p.name {
 					t.Logf("  step %d restart %s", step, p.name)
 				}
-				// The old process's calls end with it: a restart whose calls outlive the process
-				// is visible to the engine only at its next report (see the report on gaps;
-				// TestAgentRestartCarriesOldCalls covers what happens then).
+				// The old process's calls keep running at the downstream until they end: the engine
+				// must carry them until then, on top of what the new process is given.
 				ag := agents[p.endpoint]
-				ag.calls = nil
 				ag.proc++
 				ag.cur = newModelAgent()
+				ag.cur.started = h.now
 			}
 		case r < 31:
 			lastMsg = "manager restart"

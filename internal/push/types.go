@@ -50,6 +50,9 @@ type DesiredPod struct {
 	RateBurst     int32
 	// Terminating is true once the pod has a deletionTimestamp.
 	Terminating bool
+	// Bootstrap is true when the pod's agent runs with a --bootstrap file: it may call on its
+	// safe default before it ever answered, so it is counted at that until it does.
+	Bootstrap bool
 }
 
 // TargetedSwitch is a degrade switch, for every target of the quota or only one.

@@ -157,16 +157,10 @@ func finish(t *testing.T, s *harness.Scenario, start time.Time) harness.MonitorS
 		t.Errorf("Σ in-flight exceeded the limit %d: %d confirmed violations", s.Cfg.Limit, st.InFlightViolations)
 	}
 	// The manager's own ledger (status.ledger: what it counts pods may use) must stay within the
-	// limit too (push.DesiredQuota: "Σ ledger ≤ Limit always"). It over-counts rather than
-	// under-counts, so an excess is an accounting problem, not a call too many: the full run fails
-	// on it, the short one (make test) reports it (see the violations' holdings).
+	// limit too (push.DesiredQuota: "Σ ledger ≤ Limit always"): it bounds what the pods may use,
+	// so an excess is a window in which the promise rests on luck.
 	if st.LedgerViolations > 0 {
-		msg := fmt.Sprintf("the manager's ledger exceeded the limit %d in %d samples (max %d)", s.Cfg.Limit, st.LedgerViolations, st.MaxLedger)
-		if full || os.Getenv("E2E_STRICT_LEDGER") == "1" {
-			t.Error(msg)
-		} else {
-			t.Log("WARNING: " + msg + " (fails with E2E_FULL=1 or E2E_STRICT_LEDGER=1)")
-		}
+		t.Errorf("the manager's ledger exceeded the limit %d in %d samples (max %d)", s.Cfg.Limit, st.LedgerViolations, st.MaxLedger)
 	}
 	if st.Downstream.TooMany429 > 0 || ls.TooMany429 > 0 {
 		var at []string

@@ -61,7 +61,8 @@ type Enforcer struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
-	instance string // random per process; see assignment.State.Instance
+	instance string    // random per process; see assignment.State.Instance
+	started  time.Time // see assignment.State.Uptime
 
 	table    atomic.Pointer[Table]
 	ready    atomic.Bool
@@ -90,7 +91,7 @@ func New(o Options) *Enforcer {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger, instance: newInstanceID()}
+	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger, instance: newInstanceID(), started: o.Clock.Now()}
 	e.table.Store(&Table{byName: map[string]*Downstream{}})
 	o.Metrics.SetSource(e)
 	return e
@@ -258,6 +259,7 @@ func (e *Enforcer) stateLocked(now time.Time) assignment.State {
 	t := e.table.Load()
 	st := assignment.State{
 		Instance: e.instance,
+		Uptime:   assignment.Duration(max(now.Sub(e.started), time.Millisecond)),
 		Epoch:    e.epoch, Generation: e.gen, Configured: e.configured,
 		LeaseExpired: e.leaseExpired,
 		Downstreams:  []assignment.DownstreamState{},

@@ -300,3 +300,16 @@ func TestPushForAnotherInstanceIsRefused(t *testing.T) {
 		t.Fatal("renewal changed the permits")
 	}
 }
+
+// The State tells the process's age, so that a manager meeting it for the first time knows
+// whether an earlier process of the pod may still have calls running.
+func TestStateReportsUptime(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	if got := e.State().Uptime.D(); got != time.Millisecond {
+		t.Fatalf("uptime at start = %s, want the 1ms floor (0 would read as not reported)", got)
+	}
+	clk.Advance(90 * time.Second)
+	if got := e.State().Uptime.D(); got != 90*time.Second {
+		t.Fatalf("uptime = %s, want 1m30s", got)
+	}
+}
