@@ -46,6 +46,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/agent/proxy"
+	"github.com/apportion/apportion/internal/agent/stall"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -226,6 +227,8 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	stalls := watchStalls(log)
+	defer stalls.stop()
 	dataSrv := &http.Server{
 		Handler:           proxy.New(proxy.Options{Enforcer: enf, StaleCacheBytes: cfg.staleCacheBytes, Logger: log}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -236,6 +239,7 @@ func run(args []string, stderr io.Writer) int {
 		Handler: control.New(control.Options{
 			Backend: enf, Keys: keysFn, Logger: log,
 			Metrics: promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: errLog}),
+			Stalled: stalls.stalled,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -278,4 +282,42 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log.Info("agent stopped")
 	return code
+}
+
+// Stall detection (package stall): a gap of more than stallThreshold between ticks of a
+// goroutine that ticks every stallTick is a stall; pushes are refused during one and for
+// stallHold after it. The threshold is half the manager's default AcceptGrace.
+const (
+	stallThreshold = 500 * time.Millisecond
+	stallTick      = 100 * time.Millisecond
+	stallHold      = time.Second
+)
+
+type stallWatch struct {
+	d    *stall.Detector
+	stop func()
+}
+
+func (s stallWatch) stalled() bool { return s.d.Stalled(time.Now()) }
+
+func watchStalls(log *slog.Logger) stallWatch {
+	d := stall.New(stallThreshold, stallHold, time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		t := time.NewTicker(stallTick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			now := time.Now()
+			if d.Stalled(now) {
+				log.Warn("the agent process did not run for a while (frozen or starved); pushes are refused for a moment", "threshold", stallThreshold.String())
+			}
+			d.Tick(now)
+		}
+	}()
+	return stallWatch{d: d, stop: cancel}
 }

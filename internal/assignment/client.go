@@ -31,6 +31,7 @@ const (
 	CodeUnsupportedMedia  = "unsupported-media-type" // 415
 	CodeMethodNotAllowed  = "method-not-allowed"     // 405
 	CodeNotFound          = "not-found"              // 404
+	CodeAgentStalled      = "agent-stalled"          // 503, the agent just resumed from a stall
 )
 
 // Problem is an RFC 9457 application/problem+json body as the control API writes it.

@@ -151,15 +151,11 @@ func TestAgentSuspendedShareReclaimedAfterLease(t *testing.T) {
 
 // TestFrozenAgentResumes is the same, but the frozen agent resumes (SIGCONT) while its app kept
 // calling it: the control requests and the calls that queued in the kernel while it was frozen
-// all arrive at once. Pushes the manager gave up on long ago (a renewal of the old grant, a
-// lowering to 4) are then applied, each starting a fresh lease, although the manager already
-// counts the pod at its safe default and gave the rest away — docs/protocol.md lists "a frozen
-// agent process that resumes much later" as outside the model. This test shows what that costs
-// (it may see the downstream answer 429); it runs with E2E_FULL=1 (make test-e2e) only.
+// all arrive at once. The agent must not apply the pushes the manager gave up on long ago (a
+// renewal of the old grant, a lowering), which would start a fresh lease the manager no longer
+// counts, nor admit calls on its lapsed lease before its lease timer ran (docs/protocol.md,
+// "Frozen agents").
 func TestFrozenAgentResumes(t *testing.T) {
-	if !full {
-		t.Skip("known issue (delayed acceptance after a freeze, outside the protocol's model): runs with E2E_FULL=1")
-	}
 	s, victim := suspendAndReclaim(t, harness.ScenarioConfig{CallSuspended: true})
 	ctx := t.Context()
 	resumed := time.Now()

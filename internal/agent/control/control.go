@@ -10,7 +10,11 @@
 //	                     400 problem+json, code invalid-assignment: not valid; "errors" lists
 //	                         every field as "path: message". Nothing was applied.
 //	                     409 problem+json, code stale-assignment: (epoch, generation) is below
-//	                         the pair held; "state" is the agent's State. Nothing was applied.
+//	                         the pair held, or the push is addressed to another agent process;
+//	                         "state" is the agent's State. Nothing was applied.
+//	                     503 problem+json, code agent-stalled, Retry-After 1: the process was
+//	                         frozen or starved just now (Options.Stalled), so the push may be
+//	                         older than the manager expects any push to land. Nothing was applied.
 //	                     413 body-too-large, 415 unsupported-media-type (a Content-Type other
 //	                         than application/json).
 //	GET /v1/state        authenticated. 200 application/json State.
@@ -66,6 +70,8 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxBodyBytes caps an assignment; 0 means assignment.DefaultMaxBytes.
 	MaxBodyBytes int64
+	// Stalled reports whether the process stalled just now (package stall); nil: never.
+	Stalled func() bool
 }
 
 type handler struct {
@@ -209,6 +215,16 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 	if err := r.Context().Err(); err != nil {
 		h.log.Warn("assignment not applied: the manager gave up on the request", "remote", r.RemoteAddr,
 			"epoch", a.Epoch, "generation", a.Generation)
+		return
+	}
+	// The same after a freeze the agent noticed itself: the request may have waited in the
+	// kernel's buffers for longer than the manager allows a push to land.
+	if h.o.Stalled != nil && h.o.Stalled() {
+		h.log.Warn("assignment not applied: the agent stalled just now", "remote", r.RemoteAddr,
+			"epoch", a.Epoch, "generation", a.Generation)
+		w.Header().Set("Retry-After", "1")
+		h.problem(w, http.StatusServiceUnavailable, assignment.Problem{Title: "Agent stalled", Code: assignment.CodeAgentStalled,
+			Detail: "the agent process did not run for a while just now; the push may be late and was not applied"})
 		return
 	}
 	st, err := h.o.Backend.Apply(a)

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,10 +49,11 @@ func (s *syncBuffer) String() string {
 }
 
 type fixture struct {
-	clk  *clock.Fake
-	enf  *enforce.Enforcer
-	srv  *httptest.Server
-	logs *syncBuffer
+	stalled atomic.Bool
+	clk     *clock.Fake
+	enf     *enforce.Enforcer
+	srv     *httptest.Server
+	logs    *syncBuffer
 }
 
 func newFixture(t *testing.T, auth bool) *fixture {
@@ -61,7 +63,8 @@ func newFixture(t *testing.T, auth bool) *fixture {
 	m := metrics.New()
 	f.enf = enforce.New(enforce.Options{Clock: f.clk, Metrics: m, Logger: log})
 	o := control.Options{Backend: f.enf, Clock: f.clk, Logger: log,
-		Metrics: promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}), MaxBodyBytes: 64 << 10}
+		Metrics: promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}), MaxBodyBytes: 64 << 10,
+		Stalled: f.stalled.Load}
 	if auth {
 		ks, err := assignment.NewKeySet(keyPrev, keyCur)
 		if err != nil {
@@ -219,6 +222,33 @@ func TestPushStateAndFencing(t *testing.T) {
 	// Newer epoch with a lower generation wins.
 	if st, err = c.Push(ctx, f.srv.URL, testAssignment(3, 1)); err != nil || st.Epoch != 3 {
 		t.Fatalf("newer epoch = %+v, %v", st, err)
+	}
+}
+
+// Right after the process stalled, a push may have waited in the kernel for longer than the
+// manager allows a push to land: it is refused with 503 and nothing changes.
+func TestPushRefusedRightAfterAStall(t *testing.T) {
+	f := newFixture(t, true)
+	c := f.client(keyCur)
+	ctx := context.Background()
+	if _, err := c.Push(ctx, f.srv.URL, testAssignment(2, 5)); err != nil {
+		t.Fatal(err)
+	}
+	f.stalled.Store(true)
+	_, err := c.Push(ctx, f.srv.URL, testAssignment(2, 6))
+	var se *assignment.StatusError
+	if !errors.As(err, &se) || se.StatusCode != http.StatusServiceUnavailable || se.Problem.Code != assignment.CodeAgentStalled {
+		t.Fatalf("push right after a stall = %v, want 503 %s", err, assignment.CodeAgentStalled)
+	}
+	if st := f.enf.State(); st.Generation != 5 {
+		t.Fatalf("a push refused after a stall changed the generation to %d", st.Generation)
+	}
+	if !strings.Contains(f.logs.String(), "the agent stalled just now") {
+		t.Fatal("the refusal was not logged")
+	}
+	f.stalled.Store(false)
+	if st, err := c.Push(ctx, f.srv.URL, testAssignment(2, 6)); err != nil || st.Generation != 6 {
+		t.Fatalf("push after the stall = %+v, %v", st, err)
 	}
 }
 

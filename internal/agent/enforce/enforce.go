@@ -64,9 +64,12 @@ type Enforcer struct {
 	instance string    // random per process; see assignment.State.Instance
 	started  time.Time // see assignment.State.Uptime
 
-	table    atomic.Pointer[Table]
-	ready    atomic.Bool
-	draining atomic.Bool
+	table atomic.Pointer[Table]
+	// leaseDeadline is leaseExpiresAt in Unix nanoseconds while a lease holds, 0 otherwise: Table
+	// reads it on every call to catch a lease that passed while its timer has not fired yet.
+	leaseDeadline atomic.Int64
+	ready         atomic.Bool
+	draining      atomic.Bool
 
 	mu             sync.Mutex // serialises Apply, the lease and State
 	epoch, gen     int64
@@ -101,7 +104,19 @@ func New(o Options) *Enforcer {
 func (e *Enforcer) Clock() clock.Clock { return e.clock }
 
 // Table is the configuration in force now. It is never nil.
-func (e *Enforcer) Table() *Table { return e.table.Load() }
+//
+// When the lease has passed but its timer has not fired yet — the process was frozen (SIGSTOP,
+// a paused VM) or starved, and on resuming the data plane may run before the timer does — the
+// lease is expired here first: no call is admitted on a lapsed lease, whatever order the runtime
+// wakes goroutines in.
+func (e *Enforcer) Table() *Table {
+	if d := e.leaseDeadline.Load(); d != 0 && e.clock.Now().UnixNano() >= d {
+		e.mu.Lock()
+		e.expireLocked(e.leaseSeq)
+		e.mu.Unlock()
+	}
+	return e.table.Load()
+}
 
 // Ready reports whether a configuration was applied and shutdown has not started.
 func (e *Enforcer) Ready() bool { return e.ready.Load() && !e.draining.Load() }
@@ -209,6 +224,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootst
 	e.held = held
 	if bootstrap {
 		e.leaseTTL, e.leaseExpiresAt, e.leaseExpired = 0, time.Time{}, true
+		e.leaseDeadline.Store(0)
 		if e.leaseTimer != nil {
 			e.leaseTimer.Stop()
 		}
@@ -230,16 +246,22 @@ func (e *Enforcer) armLeaseLocked(now time.Time) {
 	e.leaseSeq++
 	seq := e.leaseSeq
 	e.leaseExpiresAt = now.Add(e.leaseTTL)
+	e.leaseDeadline.Store(e.leaseExpiresAt.UnixNano())
 	e.leaseTimer = e.clock.AfterFunc(e.leaseTTL, func() { e.expire(seq) })
 }
 
 func (e *Enforcer) expire(seq uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.expireLocked(seq)
+}
+
+func (e *Enforcer) expireLocked(seq uint64) {
 	if seq != e.leaseSeq || e.leaseExpired {
 		return // renewed or replaced since
 	}
 	e.leaseExpired = true
+	e.leaseDeadline.Store(0)
 	t := e.table.Load()
 	for _, ds := range t.byName {
 		ds.setEffective(ds.Config().SafeLimit())

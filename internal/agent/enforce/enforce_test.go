@@ -313,3 +313,37 @@ func TestStateReportsUptime(t *testing.T) {
 		t.Fatalf("uptime = %s, want 1m30s", got)
 	}
 }
+
+// stuckTimers is a clock whose timers never fire: the lease timer of a process that was frozen
+// and has not run its timer goroutine yet after resuming.
+type stuckTimers struct{ *clock.Fake }
+
+type noTimer struct{}
+
+func (noTimer) Stop() bool { return true }
+
+func (stuckTimers) AfterFunc(time.Duration, func()) clock.Timer { return noTimer{} }
+
+// A lease that passed while its timer has not fired yet is expired by the data plane's first
+// look at the table: no call is admitted on a lapsed lease.
+func TestLeasePassedBeforeItsTimerFiredIsExpiredOnLookup(t *testing.T) {
+	clk := stuckTimers{clock.NewFake(t0)}
+	e := New(Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mustApply(t, e, asg(1, 1, 10*time.Second, ds("a", 10, 3)))
+	clk.Advance(9 * time.Second)
+	if got := effective(t, e, "a"); got != 10 {
+		t.Fatalf("limit %d within the lease, want 10", got)
+	}
+	clk.Advance(time.Second)
+	if got := effective(t, e, "a"); got != 3 {
+		t.Fatalf("limit %d once the lease passed (timer not fired), want the safe default 3", got)
+	}
+	if st := e.State(); !st.LeaseExpired {
+		t.Fatal("State does not say the lease expired")
+	}
+	// A renewal restores the permits and a fresh lease.
+	mustApply(t, e, asg(1, 1, 10*time.Second, ds("a", 10, 3)))
+	if got := effective(t, e, "a"); got != 10 {
+		t.Fatalf("limit %d after the renewal, want 10", got)
+	}
+}
