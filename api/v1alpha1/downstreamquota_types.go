@@ -246,6 +246,11 @@ const (
 	ConditionTargetsFound = "TargetsFound"
 	// ConditionPodsReachable is false when some pods' agents could not be reached.
 	ConditionPodsReachable = "PodsReachable"
+
+	// ReasonRecovering is the Ready condition's reason while a newly started manager waits out
+	// a previous manager's leases: it raises nobody, and its ledger may count what it cannot see
+	// yet above the limit.
+	ReasonRecovering = "Recovering"
 )
 
 // DownstreamQuotaStatus is what the manager computed and what every pod holds.

@@ -110,7 +110,7 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		}
 		switch {
 		case report.Recovering:
-			ready, reason, msg = false, "Recovering", "the manager is waiting out the leases of a previous manager before raising any pod"
+			ready, reason, msg = false, apportionv1.ReasonRecovering, "the manager is waiting out the leases of a previous manager before raising any pod"
 		case !report.Converged:
 			ready, reason, msg = false, "Pushing", "some pods have not acknowledged their permits yet"
 		}

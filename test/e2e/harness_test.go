@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,8 +59,15 @@ func TestHarnessDetectsViolations(t *testing.T) {
 			defer a.Kill()
 			agents = append(agents, a)
 		}
+		// A stand-in for the manager's ledger: what the agents were given, with every other
+		// reading marked as taken while the manager recovers.
+		var ledgerReads atomic.Int32
+		ledger := func(context.Context) (harness.LedgerReading, error) {
+			n := ledgerReads.Add(1)
+			return harness.LedgerReading{Sum: int32(4 * permits), Recovering: n%2 == 0, Detail: "fixed permits"}, nil
+		}
 		mon, err := harness.StartMonitor(ctx, harness.MonitorConfig{Source: agents, Downstream: "logistics", Limit: limit,
-			Key: keys.Key, RequestTimeout: time.Second, DS: ds, SafeDefault: func() int32 { return 1 }})
+			Key: keys.Key, RequestTimeout: time.Second, DS: ds, SafeDefault: func() int32 { return 1 }, Ledger: ledger})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,14 +97,18 @@ func TestHarnessDetectsViolations(t *testing.T) {
 	}
 	t.Run("within", func(t *testing.T) {
 		st, _ := run(t, 2, true)
-		if !st.Ok() || st.MaxSumPermits != 8 {
-			t.Errorf("want no violation and Σ permits 8: %s", st)
+		if !st.Ok() || st.MaxSumPermits != 8 || st.LedgerSamples == 0 || st.LedgerOverRecovering != 0 {
+			t.Errorf("want no violation, Σ permits 8 and ledger samples within the limit: %s", st)
 		}
 	})
 	t.Run("above", func(t *testing.T) {
 		st, ls := run(t, 4, false)
 		if st.PermitViolations == 0 || st.Downstream.TooMany429 == 0 || ls.TooMany429 == 0 || st.Ok() {
 			t.Errorf("want Σ-permit violations and 429s: %s", st)
+		}
+		// A ledger over the limit is a violation, except while the manager recovers.
+		if st.LedgerViolations == 0 || st.LedgerOverRecovering == 0 || st.LedgerViolations+st.LedgerOverRecovering != st.LedgerSamples {
+			t.Errorf("want ledger violations outside recovery and excused samples within it: %s", st)
 		}
 	})
 }

@@ -14,6 +14,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
@@ -248,10 +250,10 @@ func (s *Scenario) writeBootstrap(dq *apportionv1.DownstreamQuota) (string, erro
 }
 
 // ledger reads status.ledger (and keeps status.safeDefaultPermits for the monitor).
-func (s *Scenario) ledger(ctx context.Context) (int32, string, error) {
+func (s *Scenario) ledger(ctx context.Context) (LedgerReading, error) {
 	dq, err := s.Quota(ctx)
 	if err != nil {
-		return 0, "", err
+		return LedgerReading{}, err
 	}
 	s.safeDefault.Store(dq.Status.SafeDefaultPermits)
 	var b strings.Builder
@@ -259,7 +261,9 @@ func (s *Scenario) ledger(ctx context.Context) (int32, string, error) {
 	for _, h := range dq.Status.Holdings {
 		fmt.Fprintf(&b, " %s(granted=%d counted=%d inFlight=%d synced=%v)", h.Pod, h.Granted, h.Counted, h.InFlight, h.Synced)
 	}
-	return dq.Status.Ledger, b.String(), nil
+	ready := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionReady)
+	recovering := ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == apportionv1.ReasonRecovering
+	return LedgerReading{Sum: dq.Status.Ledger, Recovering: recovering, Detail: b.String()}, nil
 }
 
 // Quota reads the DownstreamQuota.
