@@ -229,11 +229,12 @@ func run(args []string, stderr io.Writer) int {
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	stalls := watchStalls(log)
 	defer stalls.stop()
-	dataSrv := &http.Server{
+	// The data plane runs on the proxy package's lean HTTP/1.1 server (see proxy.Server).
+	dataSrv := &proxy.Server{
 		Handler:           proxy.New(proxy.Options{Enforcer: enf, StaleCacheBytes: cfg.staleCacheBytes, Logger: log}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          errLog,
+		Logger:            log,
 	}
 	controlSrv := &http.Server{
 		Handler: control.New(control.Options{

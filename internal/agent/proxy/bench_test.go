@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -194,4 +195,92 @@ func (r *strReader) Read(p []byte) (int, error) {
 	n := copy(p, r.s)
 	r.s = r.s[n:]
 	return n, nil
+}
+
+// rawUpstream answers every request on its connections with a fixed 2-byte answer, reading
+// only the request heads: the cheapest possible upstream, so that a benchmark's allocations
+// and CPU are the agent's.
+func rawUpstream(b *testing.B) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					for {
+						line, err := br.ReadSlice('\n')
+						if err != nil {
+							return
+						}
+						if len(line) <= 2 {
+							break
+						}
+					}
+					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// BenchmarkServeLean is one call at a time through the agent as the binary runs it (Server,
+// Handler, lean client) from a raw keep-alive client to a raw upstream: the agent's own time
+// and allocations per call, network included.
+func BenchmarkServeLean(b *testing.B) {
+	up := rawUpstream(b)
+	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
+	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
+		Downstreams: []assignment.Downstream{{
+			Name: "up", Upstream: up, Permits: 1024, SafeDefaultPermits: 1024,
+			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
+			Fallback: assignment.Fallback{Action: assignment.ActionReject},
+		}}}); err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &Server{Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), IdleTimeout: time.Minute, ReadHeaderTimeout: time.Second}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	req := []byte("GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+	call := func() {
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		if res.StatusCode != 200 {
+			b.Fatalf("status %d", res.StatusCode)
+		}
+	}
+	call()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		call()
+	}
 }

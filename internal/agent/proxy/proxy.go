@@ -60,6 +60,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -74,7 +75,9 @@ import (
 // Options configure a Handler.
 type Options struct {
 	Enforcer *enforce.Enforcer
-	// Transport sends calls upstream; nil means NewTransport().
+	// Transport sends calls upstream; nil means the lean HTTP/1.1 client for plain http
+	// upstreams and NewTransport() for the rest (https, upgrades, Expect: 100-continue). A
+	// Transport given here sends every call.
 	Transport http.RoundTripper
 	// StaleCacheBytes bounds the stale cache; 0 disables ServeStale's cache (it then rejects).
 	StaleCacheBytes int64
@@ -87,6 +90,7 @@ type Handler struct {
 	enf   *enforce.Enforcer
 	clock clock.Clock
 	rp    *httputil.ReverseProxy
+	up    *upstreamPool   // the lean client; nil when Options.Transport sends every call
 	stale *fallback.Cache // nil: nothing is cached
 	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
 	maxEntry int64
@@ -116,13 +120,15 @@ func NewTransport() *http.Transport {
 
 // New returns the data plane handler.
 func New(o Options) *Handler {
+	var up *upstreamPool
 	if o.Transport == nil {
 		o.Transport = NewTransport()
+		up = newUpstreamPool()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger}
+	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger, up: up}
 	if o.StaleCacheBytes > 0 {
 		h.stale = fallback.NewCache(o.StaleCacheBytes)
 		h.maxEntry = min(o.StaleCacheBytes/8, 1<<20)
@@ -147,7 +153,11 @@ type call struct {
 	cfg    *enforce.Config
 	rest   string // escaped path after /<downstream>, "" or starting with "/"
 	appCtx context.Context
-	ctx    context.Context // appCtx with RequestTimeout
+	// deadline is now + RequestTimeout at admission; ctx is appCtx without its cancellation
+	// and with that deadline, for the ReverseProxy path only (the lean client puts the
+	// deadline on its connection: no timer per call).
+	deadline time.Time
+	ctx      context.Context
 
 	sent    time.Time
 	took    time.Duration
@@ -281,24 +291,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// 7. Forward; 8, release and record, in the deferred function.
-	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context()}
-	// The upstream call is not cancelled when the app gives up: the downstream would keep working
-	// on it while the permit went to the next call, and its in-flight count would exceed ours.
-	// The permit is held until the downstream answered or RequestTimeout passed.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cfg.RequestTimeout)
-	c.ctx = ctx
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
 	defer func() {
-		cancel()
 		ds.Sem.Release()
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
 		c.key = fallback.Key(name, r.URL.RequestURI())
 	}
+	// Two ways out, sharing everything but the HTTP exchange itself (the call's state, the
+	// answers on failure, the body wrapper, the outcome): the lean HTTP/1.1 client for plain http
+	// upstreams, and httputil.ReverseProxy + http.Transport for what it does not do (https,
+	// protocol upgrades, Expect: 100-continue, a Transport given in Options).
+	//
+	// The upstream call is not cancelled when the app gives up: the downstream would keep working
+	// on it while the permit went to the next call, and its in-flight count would exceed ours.
+	// The permit is held until the downstream answered or RequestTimeout passed.
+	if h.up != nil && leanEligible(r, cfg.Upstream) {
+		h.forwardLean(w, r, c) // the deadline is the connection's
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), c.deadline)
+	defer cancel()
+	c.ctx = ctx
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
 }
 
-// finish records the outcome; it runs even when the ReverseProxy aborts the answer.
+// finish records the outcome; it runs even when the answer to the app is aborted.
 //
 // The breaker's verdict: no response at all (timeout, connection error, or the app giving up
 // first: from its side the call failed), a 5xx, a 429, or a response body that broke on the
@@ -318,44 +337,67 @@ func (c *call) finish(tk breaker.Ticket) {
 	tk.Done(c.h.clock.Now(), failed, c.took)
 }
 
+// upstreamTarget returns the escaped path and the query of the upstream request: the
+// downstream's path after /<downstream> appended to the upstream's path, the app's query
+// appended to the upstream's query.
+func (c *call) upstreamTarget(appQuery string) (escapedPath, rawQuery string) {
+	u := c.cfg.Upstream
+	escapedPath = u.EscapedPath()
+	if c.rest != "" {
+		escapedPath = strings.TrimSuffix(escapedPath, "/") + c.rest
+	}
+	rawQuery = appQuery
+	if u.RawQuery != "" {
+		if rawQuery == "" {
+			rawQuery = u.RawQuery
+		} else {
+			rawQuery = u.RawQuery + "&" + rawQuery
+		}
+	}
+	return escapedPath, rawQuery
+}
+
+// forwardedHeaders are the forwarding headers the app sent that pass unchanged. The agent adds
+// none of its own but X-Forwarded-For: it is the app's egress, and the upstream must not take
+// 127.0.0.1:15001 for the host its links should name.
+var forwardedHeaders = [...]string{"Forwarded", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// forwardedFor is the X-Forwarded-For the upstream gets: the app's chain, if any, plus the app's
+// address; ok is false when the app's address is unknown (the upstream then gets none).
+func forwardedFor(in http.Header, remoteAddr string) (string, bool) {
+	ip, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		return "", false
+	}
+	if prior := in["X-Forwarded-For"]; len(prior) > 0 {
+		ip = strings.Join(prior, ", ") + ", " + ip
+	}
+	return ip, true
+}
+
 func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	c := pr.In.Context().Value(callKey{}).(*call)
 	u := c.cfg.Upstream
 	out := pr.Out
 	out.URL.Scheme = u.Scheme
 	out.URL.Host = u.Host
-	joined := u.EscapedPath()
-	if c.rest != "" {
-		joined = strings.TrimSuffix(joined, "/") + c.rest
-	}
+	joined, query := c.upstreamTarget(out.URL.RawQuery)
 	if p, err := url.PathUnescape(joined); err == nil {
 		out.URL.Path, out.URL.RawPath = p, joined
 	} else {
 		out.URL.Path, out.URL.RawPath = joined, ""
 	}
-	if u.RawQuery != "" {
-		if out.URL.RawQuery == "" {
-			out.URL.RawQuery = u.RawQuery
-		} else {
-			out.URL.RawQuery = u.RawQuery + "&" + out.URL.RawQuery
-		}
-	}
+	out.URL.RawQuery = query
 	out.Host = ""
-	// X-Forwarded-For: the app's chain, if any, plus the app's address. The other forwarding
-	// headers the app sent (Forwarded, X-Forwarded-Host, X-Forwarded-Proto) pass unchanged;
-	// the agent adds none of its own: it is the app's egress, and the upstream must not take
-	// 127.0.0.1:15001 for the host its links should name.
+	// The ReverseProxy removed the forwarding headers; put back the app's.
 	in := pr.In.Header
-	for _, k := range [...]string{"Forwarded", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+	for _, k := range forwardedHeaders {
 		if v, ok := in[k]; ok {
 			out.Header[k] = v
 		}
 	}
-	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
-		if prior := in["X-Forwarded-For"]; len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		out.Header["X-Forwarded-For"] = []string{ip}
+	if xff, ok := forwardedFor(in, pr.In.RemoteAddr); ok {
+		out.Header["X-Forwarded-For"] = []string{xff}
 	}
 	if out.Body == nil {
 		// A request without a body is "replayable" to http.Transport, which then re-sends it
@@ -370,20 +412,26 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 
 func (h *Handler) modifyResponse(res *http.Response) error {
 	c := res.Request.Context().Value(callKey{}).(*call)
+	c.gotResponse(res)
+	return nil
+}
+
+// gotResponse notes the upstream's answer and, unless it is an upgrade (whose writable body the
+// ReverseProxy needs), puts the call in front of the response body: see Read.
+func (c *call) gotResponse(res *http.Response) {
 	c.status = res.StatusCode
 	c.took = time.Since(c.sent)
 	if res.StatusCode == http.StatusTooManyRequests {
 		c.ds.CountUpstream429()
 	}
 	if res.StatusCode == http.StatusSwitchingProtocols {
-		return nil // an upgraded connection: the ReverseProxy needs its writable body
+		return
 	}
 	c.body = res.Body
 	res.Body = c
 	if c.key != "" {
-		c.tee = h.newTee(c.key, res.Request, res)
+		c.tee = c.h.newTee(c.key, res.Request, res)
 	}
-	return nil
 }
 
 // Read passes the upstream body through, noting a failure and teeing into the stale cache.
@@ -415,6 +463,12 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable", err.Error(), "")
 		return
 	}
+	c.fail(w, err)
+}
+
+// fail records a call that got no response and answers the app: 504 when RequestTimeout
+// passed, 502 for any other error, nothing when the app already left.
+func (c *call) fail(w http.ResponseWriter, err error) {
 	c.err = err
 	if !c.sent.IsZero() {
 		c.took = time.Since(c.sent)
@@ -422,12 +476,13 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	if c.appCtx.Err() != nil {
 		return // the app left: nobody to answer
 	}
-	if errors.Is(c.ctx.Err(), context.DeadlineExceeded) {
+	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(c.deadline) {
 		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout",
 			"the downstream did not answer within its requestTimeout of "+c.cfg.RequestTimeout.String(), c.cfg.Name)
 		return
 	}
-	h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
+	c.h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
 	writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable",
 		"the call to the downstream failed: "+err.Error(), c.cfg.Name)
 }

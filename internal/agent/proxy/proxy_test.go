@@ -29,7 +29,7 @@ type testAgent struct {
 	enf     *enforce.Enforcer
 	metrics *metrics.Metrics
 	h       *Handler
-	srv     *httptest.Server
+	srv     testServer
 	gen     int64
 	client  *http.Client
 }
@@ -71,14 +71,45 @@ func metricValue(t *testing.T, m *metrics.Metrics, name string, labels ...string
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+type testServer struct{ URL string }
+
+// underNetHTTP makes serveAgent use net/http's server instead of the agent's own (see
+// TestSuiteUnderNetHTTP): the Handler must work under both.
+var underNetHTTP bool
+
+// serveAgent serves h on 127.0.0.1 as the agent binary does, with Server, or with
+// httptest.Server when underNetHTTP.
+func serveAgent(t *testing.T, h http.Handler) testServer {
+	t.Helper()
+	if underNetHTTP {
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return testServer{URL: srv.URL}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return testServer{URL: "http://" + ln.Addr().String()}
+}
+
 // newAgent serves a data plane on 127.0.0.1; clk nil means the real clock.
 func newAgent(t *testing.T, clk clock.Clock) *testAgent {
 	t.Helper()
 	m := metrics.New()
 	enf := enforce.New(enforce.Options{Clock: clk, Metrics: m, Logger: quietLogger()})
 	h := New(Options{Enforcer: enf, StaleCacheBytes: 1 << 20, Logger: quietLogger()})
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	srv := serveAgent(t, h)
 	tr := &http.Transport{MaxIdleConnsPerHost: 200}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &testAgent{enf: enf, metrics: m, h: h, srv: srv, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}

@@ -1,0 +1,747 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server is the data plane's HTTP/1.1 server: one goroutine per app connection that reads a
+// request (http.ReadRequest), runs the handler and writes the answer, then waits for the next.
+//
+// Why not http.Server: it starts a background read on the connection for every request (to
+// notice the client leaving) and parks and wakes it again when the handler is done; with the
+// rest of its per-request machinery that was half of the agent's CPU on small calls. The app is
+// a local process on loopback; the agent needs HTTP/1.1 with keep-alive, pipelining (served in
+// order), streamed bodies both ways, Expect: 100-continue, hijacking for upgrades, trailers and
+// a graceful shutdown, which is what this implements. Not done here: HTTP/2 (the app speaks
+// HTTP/1.1 to 127.0.0.1), TLS, and Content-Type sniffing (a proxy passes the upstream's header
+// as it is). A request's context is cancelled when its connection closes, which on this
+// server is only known after the handler returned: the app leaving is noticed when the answer
+// cannot be written.
+type Server struct {
+	Handler http.Handler
+	// ReadHeaderTimeout bounds reading a request's header once its first byte arrived; 0: none.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection with no request for that long; 0: never.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's line and header; 0 means http.DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// Logger gets handler panics (but ErrAbortHandler) at error level; nil: slog.Default().
+	Logger *slog.Logger
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*srvConn]struct{}
+	closing   atomic.Bool
+	sweeping  bool          // the sweeper runs (under mu)
+	stop      chan struct{} // closed by Shutdown and Close: the sweeper ends
+}
+
+// A connection's phase, for the sweeper and Shutdown.
+const (
+	phaseIdle   = iota // waiting for a request (or a new connection)
+	phaseHeader        // reading a request's header
+	phaseActive        // serving a request
+)
+
+// Serve accepts connections on ln until Shutdown or Close (then it returns
+// http.ErrServerClosed) or a permanent accept error.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		return http.ErrServerClosed
+	}
+	s.init()
+	s.listeners[ln] = struct{}{}
+	if !s.sweeping && (s.IdleTimeout > 0 || s.ReadHeaderTimeout > 0) {
+		s.sweeping = true
+		go s.sweep()
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return http.ErrServerClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of file descriptors and the like: wait, as http.Server does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		c := s.newConn(nc)
+		if c == nil {
+			_ = nc.Close()
+			continue
+		}
+		go c.serve()
+	}
+}
+
+// init allocates the maps; under mu.
+func (s *Server) init() {
+	if s.listeners == nil {
+		s.listeners = map[net.Listener]struct{}{}
+		s.conns = map[*srvConn]struct{}{}
+		s.stop = make(chan struct{})
+	}
+}
+
+// sweep enforces IdleTimeout and ReadHeaderTimeout, to the granularity of its tick: the
+// connections note when they entered their phase, and the sweeper closes those that stayed too
+// long. Timers set and cleared on every request (read deadlines, as http.Server does) cost the
+// agent more than a sweep of its few connections a few times a second.
+func (s *Server) sweep() {
+	tick := time.Second
+	for _, d := range []time.Duration{s.IdleTimeout, s.ReadHeaderTimeout} {
+		if d > 0 {
+			tick = min(tick, max(d/4, 10*time.Millisecond))
+		}
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		s.mu.Lock()
+		for c := range s.conns {
+			var limit time.Duration
+			switch c.phase.Load() {
+			case phaseIdle:
+				limit = s.IdleTimeout
+			case phaseHeader:
+				limit = s.ReadHeaderTimeout
+			}
+			if limit > 0 && now-c.since.Load() > int64(limit) {
+				_ = c.conn.Close()
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// beginClosing marks the server closing and stops the sweeper; under mu.
+func (s *Server) beginClosing() {
+	if !s.closing.Swap(true) {
+		s.init()
+		close(s.stop)
+	}
+}
+
+// Shutdown stops accepting, closes idle connections and waits until every request in flight
+// was answered (connections close after their answer) or ctx ends (its error is returned).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.beginClosing()
+	s.mu.Unlock()
+	s.closeListeners()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		for c := range s.conns {
+			if c.phase.Load() == phaseIdle {
+				_ = c.conn.Close()
+			}
+		}
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops accepting and closes every connection, requests in flight included.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.beginClosing()
+	s.mu.Unlock()
+	s.closeListeners()
+	s.mu.Lock()
+	for c := range s.conns {
+		_ = c.conn.Close()
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) closeListeners() {
+	s.mu.Lock()
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	s.mu.Unlock()
+}
+
+func (s *Server) newConn(nc net.Conn) *srvConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return nil
+	}
+	c := &srvConn{s: s, conn: fastConn(nc), remote: nc.RemoteAddr().String()}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.enter(phaseIdle)
+	s.conns[c] = struct{}{}
+	return c
+}
+
+func (s *Server) forget(c *srvConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.Default()
+}
+
+// Buffers of a connection, recycled when it closes: an idle keep-alive connection costs its
+// goroutine and these 8 KiB.
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+)
+
+type srvConn struct {
+	s      *Server
+	conn   net.Conn
+	remote string
+	ctx    context.Context
+	cancel context.CancelFunc
+	lr     limitedConn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	res    response
+	phase  atomic.Int32 // phaseIdle, ...
+	since  atomic.Int64 // when phase began, Unix nanoseconds
+	// wmu orders the 100 Continue, written from whichever goroutine first reads the body,
+	// with the answer's header, written by the handler.
+	wmu sync.Mutex
+}
+
+func (c *srvConn) enter(phase int32) {
+	c.since.Store(time.Now().UnixNano())
+	c.phase.Store(phase)
+}
+
+// limitedConn reads from the connection at most remain bytes: it bounds a request's header.
+type limitedConn struct {
+	c      net.Conn
+	remain int64
+}
+
+var errHeaderTooLarge = errors.New("request header too large")
+
+func (l *limitedConn) Read(p []byte) (int, error) {
+	if l.remain <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.remain {
+		p = p[:l.remain]
+	}
+	n, err := l.c.Read(p)
+	l.remain -= int64(n)
+	return n, err
+}
+
+func (c *srvConn) serve() {
+	// How the connection ends: by default gently (see close) with its buffers recycled.
+	hijacked, aborted, recycle := false, false, true
+	defer func() {
+		if p := recover(); p != nil {
+			aborted = true
+			if p != http.ErrAbortHandler { //nolint:errorlint // the sentinel is panicked as is
+				c.s.logger().Error("panic serving a request", "remote", c.remote, "panic", p)
+			}
+		}
+		if hijacked {
+			c.s.forget(c)
+			return
+		}
+		// An aborted answer is cut: what is buffered goes out, then the connection closes
+		// without the end of the body.
+		_ = c.bw.Flush()
+		c.close(!aborted, recycle && !aborted)
+	}()
+	c.lr.c = c.conn
+	c.br = readers.Get().(*bufio.Reader)
+	c.br.Reset(&c.lr)
+	c.bw = writers.Get().(*bufio.Writer)
+	c.bw.Reset(c.conn)
+	maxHeader := int64(c.s.MaxHeaderBytes)
+	if maxHeader <= 0 {
+		maxHeader = http.DefaultMaxHeaderBytes
+	}
+	for {
+		// Wait for the next request (IdleTimeout), then read its header (ReadHeaderTimeout):
+		// both enforced by the sweeper.
+		c.lr.remain = math.MaxInt64
+		if _, err := c.br.Peek(1); err != nil {
+			return
+		}
+		c.enter(phaseHeader)
+		// The bufio.Reader may read ahead of the header: allow for its buffer, as http.Server.
+		c.lr.remain = maxHeader + int64(c.br.Size()) - int64(c.br.Buffered())
+		req, err := http.ReadRequest(c.br)
+		c.lr.remain = math.MaxInt64
+		if err != nil {
+			c.badRequest(err)
+			return
+		}
+		c.phase.Store(phaseActive)
+		if code, msg := checkRequest(req); code != 0 {
+			c.reject(code, msg)
+			return
+		}
+		req.RemoteAddr = c.remote
+		req = req.WithContext(c.ctx)
+		var body *requestBody
+		if req.Body != nil && req.Body != http.NoBody {
+			body = &requestBody{rc: req.Body, c: c}
+			body.expect.Store(expectsContinue(req))
+			req.Body = body
+		}
+		w := &c.res
+		w.reset(c, req)
+		c.s.Handler.ServeHTTP(w, req)
+		if w.hijacked {
+			hijacked = true
+			return
+		}
+		if err := w.finish(); err != nil {
+			return
+		}
+		if body != nil && !body.eof.Load() {
+			// The body was not read to its end: it cannot be skipped reliably, and a
+			// transport's goroutine may still be reading it, so the buffers are not recycled.
+			recycle = false
+			return
+		}
+		if !w.keepAlive {
+			return
+		}
+		c.enter(phaseIdle)
+	}
+}
+
+// close ends the connection. gently: half-close, let the app read the answer and close its side
+// (reading what it still sends, for at most 500 ms), so that unread request bytes do not turn
+// into a reset that could destroy the answer before the app read it. recycle: the buffers go
+// back to their pools (only when nothing can still use them).
+func (c *srvConn) close(gently, recycle bool) {
+	if gently {
+		if tc, ok := c.conn.(interface{ CloseWrite() error }); ok && tc.CloseWrite() == nil {
+			_ = c.conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			_, _ = io.Copy(io.Discard, io.LimitReader(c.conn, 256<<10))
+		}
+	}
+	_ = c.conn.Close()
+	c.cancel()
+	c.s.forget(c)
+	if recycle {
+		c.br.Reset(nil)
+		readers.Put(c.br)
+		c.bw.Reset(nil)
+		writers.Put(c.bw)
+	}
+}
+
+// checkRequest applies http.Server's checks that http.ReadRequest leaves to the server.
+func checkRequest(req *http.Request) (int, string) {
+	if req.ProtoMajor != 1 {
+		return http.StatusHTTPVersionNotSupported, "unsupported protocol version"
+	}
+	// http.ReadRequest already refused several Host headers and moved the one to req.Host;
+	// header names and values were checked by textproto.
+	if req.ProtoAtLeast(1, 1) && req.Host == "" && req.Method != http.MethodConnect {
+		return http.StatusBadRequest, "missing required Host header"
+	}
+	if e, ok := req.Header["Expect"]; ok && !expectsContinue(req) && (len(e) != 1 || e[0] != "") {
+		return http.StatusExpectationFailed, "unsupported Expect"
+	}
+	return 0, ""
+}
+
+func expectsContinue(req *http.Request) bool {
+	return req.ProtoAtLeast(1, 1) && headerHasToken(req.Header["Expect"], "100-continue")
+}
+
+func (c *srvConn) badRequest(err error) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed):
+		return // the app closed the connection
+	case errors.As(err, &ne) && ne.Timeout():
+		return // idle or slow header: just close, as http.Server
+	case errors.Is(err, errHeaderTooLarge):
+		c.reject(http.StatusRequestHeaderFieldsTooLarge, "request header too large")
+	default:
+		c.reject(http.StatusBadRequest, "malformed request")
+	}
+}
+
+// reject answers a request that cannot be served and lets the connection close.
+func (c *srvConn) reject(code int, msg string) {
+	_, _ = c.bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + http.StatusText(code) +
+		"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(msg)) + "\r\n\r\n" + msg)
+}
+
+// requestBody notes whether the handler read the request body to its end (the connection is
+// kept only then) and sends 100 Continue when the body is first read. It is read by one
+// goroutine at a time, not necessarily the handler's.
+type requestBody struct {
+	rc     io.ReadCloser
+	c      *srvConn
+	expect atomic.Bool // 100 Continue not sent yet
+	eof    atomic.Bool
+	closed atomic.Bool
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	if b.eof.Load() {
+		return 0, io.EOF
+	}
+	if b.expect.Swap(false) && !b.c.writeContinue() {
+		return 0, errors.New("the answer was written before the body was read")
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close does not drain the body (http.ReadRequest's body would read it to its end): the
+// connection is closed instead when the body was not read whole.
+func (b *requestBody) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+// writeContinue sends 100 Continue unless the answer's header went first.
+func (c *srvConn) writeContinue() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.res.wroteHeader {
+		return false
+	}
+	_, _ = c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+	return c.bw.Flush() == nil
+}
+
+// response is the http.ResponseWriter of one request; a connection reuses its own.
+type response struct {
+	c      *srvConn
+	req    *http.Request
+	header http.Header
+
+	wroteHeader bool // under c.wmu while a 100 Continue may be written
+	hijacked    bool
+	keepAlive   bool
+	noBody      bool  // HEAD, 1xx, 204, 304: no body is sent
+	chunked     bool  // Transfer-Encoding: chunked
+	length      int64 // declared Content-Length, -1 when none
+	written     int64
+	trailers    []string // declared in the Trailer header
+	err         error    // the connection failed
+}
+
+func (w *response) reset(c *srvConn, req *http.Request) {
+	h := w.header
+	if h == nil {
+		h = http.Header{}
+	} else {
+		clear(h)
+	}
+	*w = response{c: c, req: req, header: h, length: -1}
+	w.keepAlive = !req.Close && !c.s.closing.Load()
+}
+
+func (w *response) Header() http.Header { return w.header }
+
+func (w *response) WriteHeader(code int) {
+	if w.hijacked || w.wroteHeader {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	bw := w.c.bw
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational: its header goes out at once; the final answer follows.
+		w.c.wmu.Lock()
+		writeStatusLine(bw, code)
+		writeHeaderFields(bw, w.header)
+		_, _ = bw.WriteString("\r\n")
+		w.err = bw.Flush()
+		w.c.wmu.Unlock()
+		return
+	}
+	w.c.wmu.Lock()
+	defer w.c.wmu.Unlock()
+	w.wroteHeader = true
+	h := w.header
+	w.noBody = w.req.Method == http.MethodHead || code < 200 || code == http.StatusNoContent || code == http.StatusNotModified
+	if v := h["Content-Length"]; len(v) > 0 {
+		if n, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64); err == nil && n >= 0 && len(v) == 1 {
+			w.length = n
+		} else {
+			delete(h, "Content-Length") // invalid: the body is framed otherwise
+		}
+	}
+	delete(h, "Transfer-Encoding") // the framing is this server's
+	if headerHasToken(h["Connection"], "close") {
+		w.keepAlive = false
+	}
+	delete(h, "Connection")
+	if w.c.s.closing.Load() {
+		w.keepAlive = false
+	}
+	if !w.noBody && w.length < 0 {
+		if w.req.ProtoAtLeast(1, 1) {
+			w.chunked = true
+			w.trailers = declaredTrailers(h["Trailer"])
+		} else {
+			w.keepAlive = false // HTTP/1.0: the body ends with the connection
+		}
+	}
+	writeStatusLine(bw, code)
+	writeHeaderFields(bw, h)
+	if _, ok := h["Date"]; !ok {
+		var b [len(http.TimeFormat)]byte
+		_, _ = bw.WriteString("Date: ")
+		_, _ = bw.Write(time.Now().UTC().AppendFormat(b[:0], http.TimeFormat))
+		_, _ = bw.WriteString("\r\n")
+	}
+	switch {
+	case w.chunked:
+		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	switch {
+	case !w.keepAlive:
+		_, _ = bw.WriteString("Connection: close\r\n")
+	case !w.req.ProtoAtLeast(1, 1):
+		_, _ = bw.WriteString("Connection: keep-alive\r\n")
+	}
+	_, _ = bw.WriteString("\r\n")
+}
+
+func writeStatusLine(bw *bufio.Writer, code int) {
+	var b [3]byte
+	_, _ = bw.WriteString("HTTP/1.1 ")
+	_, _ = bw.Write(strconv.AppendInt(b[:0], int64(code), 10))
+	_ = bw.WriteByte(' ')
+	text := http.StatusText(code)
+	if text == "" {
+		text = "status code " + strconv.Itoa(code)
+	}
+	_, _ = bw.WriteString(text)
+	_, _ = bw.WriteString("\r\n")
+}
+
+// writeHeaderFields writes h but trailers (TrailerPrefix) and fields whose name or value could
+// break the message.
+func writeHeaderFields(bw *bufio.Writer, h http.Header) {
+	for k, vv := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) || !validFieldName(k) {
+			continue
+		}
+		for _, v := range vv {
+			if !validFieldValue(v) {
+				continue
+			}
+			_, _ = bw.WriteString(k)
+			_, _ = bw.WriteString(": ")
+			_, _ = bw.WriteString(v)
+			_, _ = bw.WriteString("\r\n")
+		}
+	}
+}
+
+func validFieldName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+func validFieldValue(v string) bool {
+	return !strings.ContainsAny(v, "\r\n\x00")
+}
+
+func declaredTrailers(vv []string) []string {
+	var out []string
+	for _, v := range vv {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				out = append(out, http.CanonicalHeaderKey(tok))
+			}
+		}
+	}
+	return out
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	if w.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if w.noBody {
+		if w.req.Method == http.MethodHead {
+			return len(p), nil
+		}
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.length >= 0 && w.written+int64(len(p)) > w.length {
+		return 0, http.ErrContentLength
+	}
+	w.written += int64(len(p))
+	bw := w.c.bw
+	if w.chunked {
+		var b [18]byte
+		h := strconv.AppendInt(b[:0], int64(len(p)), 16)
+		h = append(h, '\r', '\n')
+		_, _ = bw.Write(h)
+	}
+	n, err := bw.Write(p)
+	if w.chunked && err == nil {
+		_, err = bw.WriteString("\r\n")
+	}
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// FlushError sends what is buffered (http.ResponseController uses it).
+func (w *response) FlushError() error {
+	if w.hijacked {
+		return http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	w.err = w.c.bw.Flush()
+	return w.err
+}
+
+// Flush is http.Flusher's.
+func (w *response) Flush() { _ = w.FlushError() }
+
+// Hijack hands the connection over (protocol upgrades); the server forgets it.
+func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.hijacked {
+		return nil, nil, http.ErrHijacked
+	}
+	if w.wroteHeader {
+		if err := w.c.bw.Flush(); err != nil {
+			return nil, nil, err
+		}
+	}
+	w.hijacked = true
+	c := w.c
+	_ = c.conn.SetDeadline(time.Time{})
+	// The buffers go with the connection: they may hold the app's next bytes.
+	return c.conn, bufio.NewReadWriter(c.br, c.bw), nil
+}
+
+// finish ends the answer once the handler returned: an empty one if nothing was written, the
+// last chunk and trailers, the flush. An answer shorter than its Content-Length closes the
+// connection (the app then sees it cut).
+func (w *response) finish() error {
+	if !w.wroteHeader {
+		if _, ok := w.header["Content-Length"]; !ok && w.req.Method != http.MethodHead {
+			w.header["Content-Length"] = []string{"0"}
+		}
+		w.WriteHeader(http.StatusOK)
+	}
+	bw := w.c.bw
+	if w.chunked {
+		_, _ = bw.WriteString("0\r\n")
+		for k, vv := range w.header {
+			name, ok := strings.CutPrefix(k, http.TrailerPrefix)
+			if !ok {
+				continue
+			}
+			writeTrailer(bw, http.CanonicalHeaderKey(name), vv)
+		}
+		for _, k := range w.trailers {
+			writeTrailer(bw, k, w.header[k])
+		}
+		_, _ = bw.WriteString("\r\n")
+	}
+	if !w.noBody && w.length >= 0 && w.written < w.length {
+		w.keepAlive = false
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return w.err
+}
+
+func writeTrailer(bw *bufio.Writer, k string, vv []string) {
+	if !validFieldName(k) {
+		return
+	}
+	for _, v := range vv {
+		if validFieldValue(v) {
+			_, _ = bw.WriteString(k + ": " + v + "\r\n")
+		}
+	}
+}

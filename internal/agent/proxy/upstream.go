@@ -1,0 +1,460 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The lean upstream client: plain HTTP/1.1 over a pool of kept-alive connections per upstream
+// host, driven synchronously by the handler's goroutine. http.Transport spends two goroutines
+// per connection (readLoop, writeLoop) and channel handoffs between them and the caller on
+// every call; on the agent's small calls that machinery cost more CPU than the proxying. Here a
+// call without a request body is: write the head, flush, read the answer on the same goroutine.
+// A call with a body writes it from a second goroutine while the answer is read, so that an
+// upstream answering before it read the whole body (or streaming both ways) works as with
+// http.Transport.
+//
+// Nothing is ever re-sent: a connection is taken from the pool only after a check that the
+// upstream has not closed it while idle (see alive), and once the request was written, any
+// failure is the call's failure (502, or 504 past RequestTimeout). A connection goes back to
+// the pool only when the answer's body ended cleanly, the answer allows keep-alive and the
+// request was written whole; anything else closes it.
+
+const (
+	// maxIdlePerHost bounds the idle connections kept per upstream host (http.Transport's
+	// MaxIdleConnsPerHost of NewTransport).
+	maxIdlePerHost = 1024
+	// idleConnTimeout closes a connection idle for longer (NewTransport's IdleConnTimeout).
+	idleConnTimeout = 90 * time.Second
+	// upBufSize is the size of each connection's read and write buffers. Bodies larger than
+	// that bypass them (bufio reads and writes large slices directly).
+	upBufSize = 4 << 10
+)
+
+// leanEligible reports whether the lean client can send r to u: plain http, no protocol
+// upgrade (the ReverseProxy hijacks the app's connection for it), no Expect: 100-continue
+// (http.Transport waits for the upstream's 100 before sending the body).
+func leanEligible(r *http.Request, u *url.URL) bool {
+	if u.Scheme != "http" {
+		return false
+	}
+	if _, ok := r.Header["Upgrade"]; ok {
+		return false
+	}
+	if _, ok := r.Header["Expect"]; ok {
+		return false
+	}
+	return true
+}
+
+// upstreamPool holds the idle connections of every upstream host.
+type upstreamPool struct {
+	hosts  sync.Map // host (URL.Host) -> *hostPool
+	dialer net.Dialer
+}
+
+func newUpstreamPool() *upstreamPool {
+	return &upstreamPool{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}}
+}
+
+type hostPool struct {
+	addr string // host:port to dial
+	mu   sync.Mutex
+	idle []*upConn // the most recently used last: reuse keeps few connections warm
+}
+
+type upConn struct {
+	conn      net.Conn
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+	peek      peeker
+}
+
+func (p *upstreamPool) host(host string) *hostPool {
+	if hp, ok := p.hosts.Load(host); ok {
+		return hp.(*hostPool)
+	}
+	addr := host
+	if _, port, err := net.SplitHostPort(host); err != nil || port == "" {
+		addr = net.JoinHostPort(strings.Trim(host, "[]"), "80")
+	}
+	hp, _ := p.hosts.LoadOrStore(host, &hostPool{addr: addr})
+	return hp.(*hostPool)
+}
+
+// get returns a connection to host with deadline set: an idle one the upstream has not closed,
+// or a new one.
+func (p *upstreamPool) get(host string, deadline time.Time) (*upConn, error) {
+	hp := p.host(host)
+	now := time.Now()
+	for {
+		hp.mu.Lock()
+		n := len(hp.idle)
+		if n == 0 {
+			hp.mu.Unlock()
+			break
+		}
+		uc := hp.idle[n-1]
+		hp.idle[n-1] = nil
+		hp.idle = hp.idle[:n-1]
+		hp.mu.Unlock()
+		if now.Sub(uc.idleSince) > idleConnTimeout {
+			uc.close()
+			continue
+		}
+		if err := uc.conn.SetDeadline(deadline); err != nil || !uc.alive() {
+			uc.close()
+			continue
+		}
+		return uc, nil
+	}
+	d := p.dialer
+	d.Deadline = deadline
+	conn, err := d.Dial("tcp", hp.addr)
+	if err != nil {
+		return nil, err
+	}
+	conn = fastConn(conn)
+	uc := &upConn{conn: conn, br: bufio.NewReaderSize(conn, upBufSize), bw: bufio.NewWriterSize(conn, upBufSize)}
+	uc.peek.init(conn)
+	if err := conn.SetDeadline(deadline); err != nil {
+		uc.close()
+		return nil, err
+	}
+	return uc, nil
+}
+
+// put returns a connection whose last exchange ended cleanly to the idle pool of host.
+func (p *upstreamPool) put(host string, uc *upConn) {
+	hp := p.host(host)
+	uc.idleSince = time.Now()
+	hp.mu.Lock()
+	// Close the oldest when full or expired; the pool is a stack, so they are at the bottom.
+	var stale *upConn
+	if len(hp.idle) > 0 && (len(hp.idle) >= maxIdlePerHost || uc.idleSince.Sub(hp.idle[0].idleSince) > idleConnTimeout) {
+		stale = hp.idle[0]
+		hp.idle = append(hp.idle[:0], hp.idle[1:]...)
+	}
+	hp.idle = append(hp.idle, uc)
+	hp.mu.Unlock()
+	if stale != nil {
+		stale.close()
+	}
+}
+
+// closeIdle closes every idle connection.
+func (p *upstreamPool) closeIdle() {
+	p.hosts.Range(func(_, v any) bool {
+		hp := v.(*hostPool)
+		hp.mu.Lock()
+		idle := hp.idle
+		hp.idle = nil
+		hp.mu.Unlock()
+		for _, uc := range idle {
+			uc.close()
+		}
+		return true
+	})
+}
+
+func (uc *upConn) close() { _ = uc.conn.Close() }
+
+// alive reports whether an idle connection can carry a request: the upstream has neither
+// closed it nor sent anything unasked (both would be read as the next call's answer).
+func (uc *upConn) alive() bool {
+	return uc.br.Buffered() == 0 && uc.peek.idle()
+}
+
+// forwardLean sends the call to a plain http upstream and passes its answer to the app; see the
+// comment at the top of this file.
+func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
+	u := c.cfg.Upstream
+	c.sent = time.Now()
+	uc, err := h.up.get(u.Host, c.deadline)
+	if err != nil {
+		c.fail(w, err)
+		return
+	}
+	reusable := false
+	defer func() {
+		if reusable {
+			h.up.put(u.Host, uc)
+		} else {
+			uc.close()
+		}
+	}()
+
+	writeRequestHead(uc.bw, r, c, u.Host)
+	var bodyDone chan error // nil: no request body
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		bodyDone = make(chan error, 1)
+		go func() { bodyDone <- uc.writeBody(r.Body, r.ContentLength) }()
+	} else if err := uc.bw.Flush(); err != nil {
+		c.fail(w, err)
+		return
+	}
+	// waitBody waits for the request body's writer and reports whether the whole request was
+	// sent. When the answer is complete (or failed) first, the connection is closed to end the
+	// writer: the upstream did not want the rest, and the connection cannot be reused.
+	waitBody := func() bool {
+		if bodyDone == nil {
+			return true
+		}
+		select {
+		case err := <-bodyDone:
+			bodyDone = nil
+			return err == nil
+		default:
+		}
+		uc.close()
+		<-bodyDone
+		bodyDone = nil
+		return false
+	}
+	defer waitBody() // on every way out, a panic included: the writer must not outlive the call
+
+	res, err := readResponse(uc.br, r)
+	if err != nil {
+		waitBody()
+		c.fail(w, err)
+		return
+	}
+	c.gotResponse(res) // res.Body is now c, which notes a broken body and tees
+
+	removeHopByHop(res.Header)
+	dst := w.Header()
+	for k, v := range res.Header {
+		dst[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+
+	// Like httputil.ReverseProxy: a body of unknown length (chunked, or up to the close) or an
+	// event stream is flushed as it arrives; any other is written through the server's buffer.
+	var rc *http.ResponseController
+	if res.ContentLength == -1 || isEventStream(res.Header) {
+		rc = http.NewResponseController(w)
+	}
+	buf := copyBuffers.Get().(*[copyBufferSize]byte)
+	defer copyBuffers.Put(buf)
+	for {
+		n, rerr := c.Read(buf[:])
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the app left; the rest of the body is unread: the connection is closed
+			}
+			if rc != nil {
+				if rc.Flush() != nil {
+					return
+				}
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			// The upstream broke after its header was passed on: cut the answer, the only
+			// honest signal left (the server aborts the connection on ErrAbortHandler).
+			uc.close()
+			waitBody()
+			panic(http.ErrAbortHandler)
+		}
+	}
+	// Trailers, known only now that the body ended, under the TrailerPrefix convention.
+	for k, v := range res.Trailer {
+		dst[http.TrailerPrefix+k] = v
+	}
+	reusable = waitBody() && !res.Close
+}
+
+// readResponse reads the upstream's final answer; informational answers other than 101 are
+// dropped (the lean path never sends Expect, and 103 hints are optional). A 101 to a request
+// that asked for no upgrade is an error.
+func readResponse(br *bufio.Reader, r *http.Request) (*http.Response, error) {
+	for {
+		res, err := http.ReadResponse(br, r)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case res.StatusCode == http.StatusSwitchingProtocols:
+			return nil, errors.New("the upstream switched protocols unasked")
+		case res.StatusCode >= 100 && res.StatusCode < 200:
+			continue
+		}
+		return res, nil
+	}
+}
+
+// writeRequestHead writes the upstream request's line and header into bw (not flushed): the
+// app's header without hop-by-hop fields, Host the upstream's, X-Forwarded-For extended,
+// framing of our own.
+func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
+	path, query := c.upstreamTarget(r.URL.RawQuery)
+	if path == "" {
+		path = "/"
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(path)
+	if query != "" {
+		bw.WriteByte('?')
+		bw.WriteString(query)
+	}
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	named := connectionTokens(r.Header)
+	for k, vv := range r.Header {
+		if isHopByHop(k) || k == "X-Forwarded-For" || k == "Content-Length" || k == "Host" ||
+			(named != nil && named[k]) {
+			if k == "Te" && headerHasToken(vv, "trailers") {
+				bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the app can take trailers
+			}
+			continue
+		}
+		for _, v := range vv {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	if xff, ok := forwardedFor(r.Header, r.RemoteAddr); ok {
+		bw.WriteString("X-Forwarded-For: ")
+		bw.WriteString(xff)
+		bw.WriteString("\r\n")
+	}
+	var num [20]byte
+	switch {
+	case r.ContentLength > 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(num[:0], r.ContentLength, 10))
+		bw.WriteString("\r\n")
+	case r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
+		bw.WriteString("Content-Length: 0\r\n") // as http.Transport: these methods announce an empty body
+	}
+	bw.WriteString("\r\n")
+}
+
+// errAppBody marks a failure to read the app's request body (as opposed to writing upstream).
+var errAppBody = errors.New("reading the request body")
+
+// writeBody sends the request body (chunked when its length is unknown, so each piece is
+// flushed as the app sends it) and flushes. A body the app fails to deliver closes the
+// connection: the upstream must not take a truncated body for a whole one, and the answer
+// reader then fails at once instead of waiting for the deadline.
+func (uc *upConn) writeBody(body io.Reader, length int64) error {
+	buf := copyBuffers.Get().(*[copyBufferSize]byte)
+	defer copyBuffers.Put(buf)
+	chunked := length < 0
+	var sent int64
+	for {
+		n, rerr := body.Read(buf[:])
+		if n > 0 {
+			if !chunked && sent+int64(n) > length {
+				n = int(length - sent) // the server's body reader would not give more anyway
+			}
+			sent += int64(n)
+			if chunked {
+				var hdr [18]byte
+				h := strconv.AppendInt(hdr[:0], int64(n), 16)
+				h = append(h, '\r', '\n')
+				_, _ = uc.bw.Write(h)
+			}
+			_, _ = uc.bw.Write(buf[:n])
+			if chunked {
+				_, _ = uc.bw.WriteString("\r\n")
+				if err := uc.bw.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			uc.close()
+			return errors.Join(errAppBody, rerr)
+		}
+	}
+	if !chunked && sent != length {
+		uc.close()
+		return errors.Join(errAppBody, io.ErrUnexpectedEOF)
+	}
+	if chunked {
+		_, _ = uc.bw.WriteString("0\r\n\r\n")
+	}
+	return uc.bw.Flush()
+}
+
+// hop-by-hop header fields (RFC 9110 §7.6.1 and the older Keep-Alive, Proxy-Connection), in
+// canonical form.
+func isHopByHop(k string) bool {
+	switch k {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// connectionTokens returns the header names listed in Connection, canonical; nil when none (no
+// allocation in the usual case).
+func connectionTokens(h http.Header) map[string]bool {
+	vv := h["Connection"]
+	if len(vv) == 0 {
+		return nil
+	}
+	var m map[string]bool
+	for _, v := range vv {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				if m == nil {
+					m = map[string]bool{}
+				}
+				m[textproto.CanonicalMIMEHeaderKey(tok)] = true
+			}
+		}
+	}
+	return m
+}
+
+// removeHopByHop deletes the hop-by-hop fields of a response header, those named in its
+// Connection field included.
+func removeHopByHop(h http.Header) {
+	for k := range connectionTokens(h) {
+		delete(h, k)
+	}
+	for _, k := range [...]string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
+		delete(h, k)
+	}
+}
+
+func headerHasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isEventStream(h http.Header) bool {
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
