@@ -15,7 +15,7 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// benchServer serves h on a real 127.0.0.1 listener.
+// benchServer serves h on a real 127.0.0.1 listener with net/http's server (the upstream).
 func benchServer(b *testing.B, h http.Handler) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -23,6 +23,19 @@ func benchServer(b *testing.B, h http.Handler) string {
 		b.Fatal(err)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// agentServer serves h as the agent binary does: Server, the data plane's own.
+func agentServer(b *testing.B, h http.Handler) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, Logger: quietLogger()}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -77,7 +90,8 @@ func benchClient() *http.Client {
 }
 
 // BenchmarkProxyOverhead measures the latency the agent adds on loopback: a trivial upstream
-// called directly and through the agent (real listeners on 127.0.0.1), closed-loop with 64
+// called directly and through the agent (Server and Handler as the binary runs them, real
+// listeners on 127.0.0.1), closed-loop with 64
 // clients and open-loop at 2,000 calls/s for 3 s, direct and agent alternating in slices so that
 // both see the same background load. It reports the direct and agent p50/p99 and the difference
 // (targets: p50 <= 100 µs, p99 <= 500 µs added).
@@ -97,7 +111,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}}}); err != nil {
 		b.Fatal(err)
 	}
-	agent := benchServer(b, New(Options{Enforcer: enf, Logger: quietLogger()}))
+	agent := agentServer(b, New(Options{Enforcer: enf, Logger: quietLogger()}))
 	direct, via := up+"/x", agent+"/up/x"
 	cd, ca := benchClient(), benchClient()
 
@@ -197,10 +211,10 @@ func (r *strReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// rawUpstream answers every request on its connections with a fixed 2-byte answer, reading
+// benchRawUpstream answers every request on its connections with a fixed 2-byte answer, reading
 // only the request heads: the cheapest possible upstream, so that a benchmark's allocations
 // and CPU are the agent's.
-func rawUpstream(b *testing.B) string {
+func benchRawUpstream(b *testing.B) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -240,7 +254,7 @@ func rawUpstream(b *testing.B) string {
 // Handler, lean client) from a raw keep-alive client to a raw upstream: the agent's own time
 // and allocations per call, network included.
 func BenchmarkServeLean(b *testing.B) {
-	up := rawUpstream(b)
+	up := benchRawUpstream(b)
 	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
 	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
 		Downstreams: []assignment.Downstream{{
@@ -273,6 +287,7 @@ func BenchmarkServeLean(b *testing.B) {
 			b.Fatal(err)
 		}
 		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
 		if res.StatusCode != 200 {
 			b.Fatalf("status %d", res.StatusCode)
 		}

@@ -144,6 +144,16 @@ func New(o Options) *Handler {
 	return h
 }
 
+// CloseIdleConnections closes the idle upstream connections (of both clients).
+func (h *Handler) CloseIdleConnections() {
+	if h.up != nil {
+		h.up.closeIdle()
+	}
+	if ci, ok := h.rp.Transport.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
 type callKey struct{}
 
 // call is one forwarded call's state, shared by ServeHTTP and the ReverseProxy hooks.

@@ -740,7 +740,14 @@ func TestGracefulDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: New(Options{Enforcer: enf, Logger: quietLogger()})}
+	h := New(Options{Enforcer: enf, Logger: quietLogger()})
+	var srv interface {
+		Serve(net.Listener) error
+		Shutdown(context.Context) error
+	} = &Server{Handler: h, Logger: quietLogger()}
+	if underNetHTTP {
+		srv = &http.Server{Handler: h}
+	}
 	go srv.Serve(ln)
 	url := "http://" + ln.Addr().String() + "/d/"
 	done := make(chan string)

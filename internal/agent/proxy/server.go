@@ -339,6 +339,7 @@ func (c *srvConn) serve() {
 		}
 		w := &c.res
 		w.reset(c, req)
+		w.body = body
 		c.s.Handler.ServeHTTP(w, req)
 		if w.hijacked {
 			hijacked = true
@@ -427,11 +428,12 @@ func (c *srvConn) reject(code int, msg string) {
 // kept only then) and sends 100 Continue when the body is first read. It is read by one
 // goroutine at a time, not necessarily the handler's.
 type requestBody struct {
-	rc     io.ReadCloser
-	c      *srvConn
-	expect atomic.Bool // 100 Continue not sent yet
-	eof    atomic.Bool
-	closed atomic.Bool
+	rc        io.ReadCloser
+	c         *srvConn
+	expect    atomic.Bool // 100 Continue not sent yet
+	continued bool        // it was sent (under c.wmu)
+	eof       atomic.Bool
+	closed    atomic.Bool
 }
 
 func (b *requestBody) Read(p []byte) (int, error) {
@@ -441,7 +443,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if b.eof.Load() {
 		return 0, io.EOF
 	}
-	if b.expect.Swap(false) && !b.c.writeContinue() {
+	if b.expect.Load() && !b.c.writeContinue(b) {
 		return 0, errors.New("the answer was written before the body was read")
 	}
 	n, err := b.rc.Read(p)
@@ -458,14 +460,18 @@ func (b *requestBody) Close() error {
 	return nil
 }
 
-// writeContinue sends 100 Continue unless the answer's header went first.
-func (c *srvConn) writeContinue() bool {
+// writeContinue sends 100 Continue for b unless it was sent or the answer's header went first.
+func (c *srvConn) writeContinue(b *requestBody) bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if !b.expect.Swap(false) {
+		return true // sent already, or replaced by the handler's own 100
+	}
 	if c.res.wroteHeader {
 		return false
 	}
 	_, _ = c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+	b.continued = true
 	return c.bw.Flush() == nil
 }
 
@@ -484,6 +490,7 @@ type response struct {
 	written     int64
 	trailers    []string // declared in the Trailer header
 	err         error    // the connection failed
+	body        *requestBody
 }
 
 func (w *response) reset(c *srvConn, req *http.Request) {
@@ -508,8 +515,17 @@ func (w *response) WriteHeader(code int) {
 	}
 	bw := w.c.bw
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		// Informational: its header goes out at once; the final answer follows.
+		// Informational: its header goes out at once; the final answer follows. A 100 from
+		// the handler (the ReverseProxy passing on the upstream's) replaces the automatic one,
+		// or is dropped when that went first: one 100 per request.
 		w.c.wmu.Lock()
+		if code == http.StatusContinue && w.body != nil {
+			w.body.expect.Store(false)
+			if w.body.continued {
+				w.c.wmu.Unlock()
+				return
+			}
+		}
 		writeStatusLine(bw, code)
 		writeHeaderFields(bw, w.header)
 		_, _ = bw.WriteString("\r\n")

@@ -38,6 +38,9 @@ const (
 	// upBufSize is the size of each connection's read and write buffers. Bodies larger than
 	// that bypass them (bufio reads and writes large slices directly).
 	upBufSize = 4 << 10
+	// bodyWriteGrace is how long a complete answer waits for the request body's writer to
+	// report before the connection is given up (http.Transport waits as long).
+	bodyWriteGrace = 50 * time.Millisecond
 )
 
 // leanEligible reports whether the lean client can send r to u: plain http, no protocol
@@ -204,8 +207,9 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 		return
 	}
 	// waitBody waits for the request body's writer and reports whether the whole request was
-	// sent. When the answer is complete (or failed) first, the connection is closed to end the
-	// writer: the upstream did not want the rest, and the connection cannot be reused.
+	// sent. When the answer is complete (or failed) and the writer has not finished within
+	// bodyWriteGrace (it may just be returning), the upstream did not want the rest: the
+	// connection is closed to end the writer, and cannot be reused.
 	waitBody := func() bool {
 		if bodyDone == nil {
 			return true
@@ -216,14 +220,23 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 			return err == nil
 		default:
 		}
+		t := time.NewTimer(bodyWriteGrace)
+		defer t.Stop()
+		select {
+		case err := <-bodyDone:
+			bodyDone = nil
+			return err == nil
+		case <-t.C:
+		}
 		uc.close()
-		<-bodyDone
+		<-bodyDone //nolint:errcheck // it fails: its connection was just closed
 		bodyDone = nil
 		return false
 	}
 	defer waitBody() // on every way out, a panic included: the writer must not outlive the call
 
-	res, err := readResponse(uc.br, r)
+	// The body is read to its end or its connection closed; Close would drain it.
+	res, err := readResponse(uc.br, r) //nolint:bodyclose // see above
 	if err != nil {
 		waitBody()
 		c.fail(w, err)
@@ -258,7 +271,7 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 				}
 			}
 		}
-		if rerr == io.EOF {
+		if errors.Is(rerr, io.EOF) {
 			break
 		}
 		if rerr != nil {
@@ -303,49 +316,49 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 	if path == "" {
 		path = "/"
 	}
-	bw.WriteString(r.Method)
-	bw.WriteByte(' ')
-	bw.WriteString(path)
+	_, _ = bw.WriteString(r.Method)
+	_ = bw.WriteByte(' ')
+	_, _ = bw.WriteString(path)
 	if query != "" {
-		bw.WriteByte('?')
-		bw.WriteString(query)
+		_ = bw.WriteByte('?')
+		_, _ = bw.WriteString(query)
 	}
-	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	bw.WriteString(host)
-	bw.WriteString("\r\n")
+	_, _ = bw.WriteString(" HTTP/1.1\r\nHost: ")
+	_, _ = bw.WriteString(host)
+	_, _ = bw.WriteString("\r\n")
 	named := connectionTokens(r.Header)
 	for k, vv := range r.Header {
 		if isHopByHop(k) || k == "X-Forwarded-For" || k == "Content-Length" || k == "Host" ||
 			(named != nil && named[k]) {
 			if k == "Te" && headerHasToken(vv, "trailers") {
-				bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the app can take trailers
+				_, _ = bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the app can take trailers
 			}
 			continue
 		}
 		for _, v := range vv {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
+			_, _ = bw.WriteString(k)
+			_, _ = bw.WriteString(": ")
+			_, _ = bw.WriteString(v)
+			_, _ = bw.WriteString("\r\n")
 		}
 	}
 	if xff, ok := forwardedFor(r.Header, r.RemoteAddr); ok {
-		bw.WriteString("X-Forwarded-For: ")
-		bw.WriteString(xff)
-		bw.WriteString("\r\n")
+		_, _ = bw.WriteString("X-Forwarded-For: ")
+		_, _ = bw.WriteString(xff)
+		_, _ = bw.WriteString("\r\n")
 	}
 	var num [20]byte
 	switch {
 	case r.ContentLength > 0:
-		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(num[:0], r.ContentLength, 10))
-		bw.WriteString("\r\n")
+		_, _ = bw.WriteString("Content-Length: ")
+		_, _ = bw.Write(strconv.AppendInt(num[:0], r.ContentLength, 10))
+		_, _ = bw.WriteString("\r\n")
 	case r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody:
-		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
 	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
-		bw.WriteString("Content-Length: 0\r\n") // as http.Transport: these methods announce an empty body
+		_, _ = bw.WriteString("Content-Length: 0\r\n") // as http.Transport: these methods announce an empty body
 	}
-	bw.WriteString("\r\n")
+	_, _ = bw.WriteString("\r\n")
 }
 
 // errAppBody marks a failure to read the app's request body (as opposed to writing upstream).
