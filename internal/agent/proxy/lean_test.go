@@ -47,6 +47,7 @@ func TestSuiteUnderNetHTTP(t *testing.T) {
 		{"LeanUpstreamResetMidBody", TestLeanUpstreamResetMidBody},
 		{"LeanPoolReuse", TestLeanPoolReuse},
 		{"Trailers", TestTrailers},
+		{"AppLeavesWhileWaitingForAPermit", TestAppLeavesWhileWaitingForAPermit},
 	} {
 		t.Run(tc.name, tc.f)
 	}
@@ -556,5 +557,43 @@ func TestServerTimeouts(t *testing.T) {
 		if took := time.Since(start); took > 2*time.Second {
 			t.Fatalf("%q: closed after %v", first, took)
 		}
+	}
+}
+
+// An app that gives up while its call waits for a permit is noticed: the call is not forwarded
+// when the permit frees up.
+func TestAppLeavesWhileWaitingForAPermit(t *testing.T) {
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	c, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
+	t.Cleanup(unblock)
+	a := newAgent(t, nil)
+	d := downstream("one", up.URL, 1)
+	d.AcquireTimeout = assignment.Duration(5 * time.Second)
+	a.apply(t, nil, d)
+	held := make(chan result)
+	go func() { held <- a.do(t, http.MethodGet, "/one/hold") }()
+	ds := a.enf.Table().Lookup("one")
+	waitFor(t, func() bool { return ds.Sem.Stats().InFlight == 1 })
+	conn, _ := rawConn(t, a)
+	io.WriteString(conn, "GET /one/waiting HTTP/1.1\r\nHost: x\r\n\r\n")
+	waitFor(t, func() bool { return ds.Sem.Stats().Waiting == 1 })
+	conn.Close() // the app gives up
+	waitFor(t, func() bool { return ds.Sem.Stats().Waiting == 0 })
+	unblock()
+	if r := <-held; r.status != 200 {
+		t.Fatalf("held call = %d", r.status)
+	}
+	if r := a.do(t, http.MethodGet, "/one/after"); r.status != 200 {
+		t.Fatalf("call after = %d", r.status)
+	}
+	if n := c.calls.Load(); n != 2 {
+		t.Fatalf("upstream calls = %d, want 2: the abandoned call must not be forwarded", n)
 	}
 }

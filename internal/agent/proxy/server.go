@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,9 +27,8 @@ import (
 // order), streamed bodies both ways, Expect: 100-continue, hijacking for upgrades, trailers and
 // a graceful shutdown, which is what this implements. Not done here: HTTP/2 (the app speaks
 // HTTP/1.1 to 127.0.0.1), TLS, and Content-Type sniffing (a proxy passes the upstream's header
-// as it is). A request's context is cancelled when its connection closes, which on this
-// server is only known after the handler returned: the app leaving is noticed when the answer
-// cannot be written.
+// as it is). A request's context is cancelled when the app is found gone: only watched while
+// the handler waits (see watchCtx), and otherwise noticed when the answer cannot be written.
 type Server struct {
 	Handler http.Handler
 	// ReadHeaderTimeout bounds reading a request's header once its first byte arrived; 0: none.
@@ -213,6 +213,7 @@ func (s *Server) newConn(nc net.Conn) *srvConn {
 	}
 	c := &srvConn{s: s, conn: fastConn(nc), remote: nc.RemoteAddr().String()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.reqCtx = watchCtx{Context: c.ctx, c: c}
 	c.enter(phaseIdle)
 	s.conns[c] = struct{}{}
 	return c
@@ -245,11 +246,16 @@ type srvConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	lr     limitedConn
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	res    response
-	phase  atomic.Int32 // phaseIdle, ...
-	since  atomic.Int64 // when phase began, Unix nanoseconds
+	// The watch of the app's connection during a request (see watchCtx); the handler's
+	// goroutine only.
+	watching, watchOff bool
+	watchDone          chan struct{}
+	reqCtx             context.Context
+	br                 *bufio.Reader
+	bw                 *bufio.Writer
+	res                response
+	phase              atomic.Int32 // phaseIdle, ...
+	since              atomic.Int64 // when phase began, Unix nanoseconds
 	// wmu orders the 100 Continue, written from whichever goroutine first reads the body,
 	// with the answer's header, written by the handler.
 	wmu sync.Mutex
@@ -260,10 +266,13 @@ func (c *srvConn) enter(phase int32) {
 	c.phase.Store(phase)
 }
 
-// limitedConn reads from the connection at most remain bytes: it bounds a request's header.
+// limitedConn reads from the connection at most remain bytes (it bounds a request's header),
+// the byte a watch read first if any.
 type limitedConn struct {
-	c      net.Conn
-	remain int64
+	c       net.Conn
+	remain  int64
+	held    byte
+	holding bool
 }
 
 var errHeaderTooLarge = errors.New("request header too large")
@@ -272,12 +281,70 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 	if l.remain <= 0 {
 		return 0, errHeaderTooLarge
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if l.holding {
+		p[0], l.holding = l.held, false
+		l.remain--
+		return 1, nil
+	}
 	if int64(len(p)) > l.remain {
 		p = p[:l.remain]
 	}
 	n, err := l.c.Read(p)
 	l.remain -= int64(n)
 	return n, err
+}
+
+// watchCtx is a request's context. The app leaving (its connection closed) can only be seen by
+// reading the connection, which http.Server does from a goroutine for every request; here the
+// read starts only when something asks for Done: the handler waiting for a rate token or a
+// permit. The forwarding path never does, and pays nothing.
+type watchCtx struct {
+	context.Context // the connection's: cancelled when the app is found gone
+	c               *srvConn
+}
+
+func (w watchCtx) Done() <-chan struct{} {
+	w.c.startWatch()
+	return w.Context.Done()
+}
+
+// startWatch reads the app's connection in the background until stopWatch: an error but the
+// stop's deadline means the app left; a byte (the next pipelined request) is kept for the next
+// read. Not when the request's body is still to be read (the read would take it) or more of
+// the app's bytes are buffered (the app is there, and nothing more can be seen).
+func (c *srvConn) startWatch() {
+	if c.watching || c.watchOff || c.br.Buffered() > 0 || (c.res.body != nil && !c.res.body.eof.Load()) {
+		return
+	}
+	c.watching = true
+	c.watchDone = make(chan struct{})
+	go func() {
+		defer close(c.watchDone)
+		var b [1]byte
+		n, err := c.conn.Read(b[:])
+		if n == 1 {
+			c.lr.held, c.lr.holding = b[0], true
+			return
+		}
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			c.cancel()
+		}
+	}()
+}
+
+// stopWatch ends a watch read, before the connection is read again or given away.
+func (c *srvConn) stopWatch() {
+	c.watchOff = true
+	if !c.watching {
+		return
+	}
+	_ = c.conn.SetReadDeadline(time.Unix(1, 0))
+	<-c.watchDone
+	_ = c.conn.SetReadDeadline(time.Time{})
+	c.watching = false
 }
 
 func (c *srvConn) serve() {
@@ -330,7 +397,7 @@ func (c *srvConn) serve() {
 			return
 		}
 		req.RemoteAddr = c.remote
-		req = req.WithContext(c.ctx)
+		req = req.WithContext(c.reqCtx)
 		var body *requestBody
 		if req.Body != nil && req.Body != http.NoBody {
 			body = &requestBody{rc: req.Body, c: c}
@@ -340,7 +407,9 @@ func (c *srvConn) serve() {
 		w := &c.res
 		w.reset(c, req)
 		w.body = body
+		c.watchOff = false
 		c.s.Handler.ServeHTTP(w, req)
+		c.stopWatch()
 		if w.hijacked {
 			hijacked = true
 			return
@@ -710,8 +779,9 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			return nil, nil, err
 		}
 	}
-	w.hijacked = true
 	c := w.c
+	c.stopWatch()
+	w.hijacked = true
 	_ = c.conn.SetDeadline(time.Time{})
 	// The buffers go with the connection: they may hold the app's next bytes.
 	return c.conn, bufio.NewReadWriter(c.br, c.bw), nil
