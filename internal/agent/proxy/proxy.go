@@ -48,6 +48,15 @@
 // HEAD and OPTIONS) never gets a canned success: it is rejected. GET 2xx responses of a
 // downstream whose fallback or a switch is ServeStale are copied, while streamed to the app,
 // into the stale cache, which is bounded in bytes.
+//
+// Serving and forwarding, for CPU (see docs/benchmarks.md): the agent serves Handler with its own
+// HTTP/1.1 Server (server.go; Handler stays an http.Handler that works under net/http's server
+// too), and sends calls to plain http upstreams with a synchronous client over pooled
+// connections (upstream.go), both reading and writing sockets with raw non-blocking system calls
+// (rawio_linux.go). https upstreams, protocol upgrades, Expect: 100-continue and a Transport given
+// in Options go through httputil.ReverseProxy and http.Transport. Both ways share the admission,
+// the call's state, the answers on failure and the recording; the lean client drops
+// informational (1xx) answers, which the ReverseProxy passes on.
 package proxy
 
 import (
