@@ -248,6 +248,10 @@ func run(args []string, stderr io.Writer) int {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          errLog,
 	}
+	// Signals are caught before anything is served: a SIGTERM that arrives as soon as the probes
+	// answer must drain, not kill.
+	sigCtx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- dataSrv.Serve(dataLn) }()
 	go func() { serveErr <- controlSrv.Serve(controlLn) }()
@@ -255,8 +259,6 @@ func run(args []string, stderr io.Writer) int {
 		"auth", !cfg.insecureNoAuth, "bootstrap", cfg.bootstrap != "", "drainTimeout", cfg.drainTimeout.String(),
 		"staleCacheBytes", cfg.staleCacheBytes)
 
-	sigCtx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	code := 0
 	select {
 	case <-sigCtx.Done():
