@@ -187,31 +187,20 @@ func run(args []string, stderr io.Writer) int {
 			defer mu.RUnlock()
 			return keys
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		stopReload = cancel
-		go func() {
-			t := time.NewTicker(keyReloadInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-				ks, err := assignment.LoadKeyDir(cfg.keyDir)
-				if err != nil {
-					log.Warn("reloading --key-dir failed; keeping the keys loaded before", "err", err)
-					continue
-				}
-				mu.Lock()
-				changed := strings.Join(ks.IDs(), ",") != strings.Join(keys.IDs(), ",")
-				keys = ks
-				mu.Unlock()
-				if changed {
-					log.Info("control API keys reloaded", "keyIDs", ks.IDs())
-				}
+		stopReload = every(keyReloadInterval, func() {
+			ks, err := assignment.LoadKeyDir(cfg.keyDir)
+			if err != nil {
+				log.Warn("reloading --key-dir failed; keeping the keys loaded before", "err", err)
+				return
 			}
-		}()
+			mu.Lock()
+			changed := strings.Join(ks.IDs(), ",") != strings.Join(keys.IDs(), ",")
+			keys = ks
+			mu.Unlock()
+			if changed {
+				log.Info("control API keys reloaded", "keyIDs", ks.IDs())
+			}
+		})
 	}
 	defer stopReload()
 
@@ -305,22 +294,30 @@ func (s stallWatch) stalled() bool { return s.d.Stalled(time.Now()) }
 
 func watchStalls(log *slog.Logger) stallWatch {
 	d := stall.New(stallThreshold, stallHold, time.Now())
+	stop := every(stallTick, func() {
+		now := time.Now()
+		if d.Stalled(now) {
+			log.Warn("the agent process did not run for a while (frozen or starved); pushes are refused for a moment", "threshold", stallThreshold.String())
+		}
+		d.Tick(now)
+	})
+	return stallWatch{d: d, stop: stop}
+}
+
+// every runs f on a goroutine of its own every period until the returned stop is called.
+func every(period time.Duration, f func()) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		t := time.NewTicker(stallTick)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				f()
 			}
-			now := time.Now()
-			if d.Stalled(now) {
-				log.Warn("the agent process did not run for a while (frozen or starved); pushes are refused for a moment", "threshold", stallThreshold.String())
-			}
-			d.Tick(now)
 		}
 	}()
-	return stallWatch{d: d, stop: cancel}
+	return cancel
 }

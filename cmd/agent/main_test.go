@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -326,5 +327,27 @@ func TestFlagValidation(t *testing.T) {
 	}
 	if n, err := parseSize("1000"); err != nil || n != 1000 {
 		t.Errorf("parseSize(1000) = %d, %v", n, err)
+	}
+}
+
+func TestEveryRunsUntilStopped(t *testing.T) {
+	var n atomic.Int32
+	ran := make(chan struct{}, 1)
+	stop := every(time.Millisecond, func() {
+		n.Add(1)
+		select {
+		case ran <- struct{}{}:
+		default:
+		}
+	})
+	for range 3 {
+		<-ran
+	}
+	stop()
+	time.Sleep(20 * time.Millisecond) // a tick already under way may still finish
+	after := n.Load()
+	time.Sleep(20 * time.Millisecond)
+	if n.Load() < 3 || n.Load() != after {
+		t.Fatalf("ran %d times, then %d more after stop", after, n.Load()-after)
 	}
 }

@@ -157,18 +157,27 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(us(ap99-dp99), "p99-added-µs")
 		b.ReportMetric(0, "ns/op")
 	}
-	b.Run("closed-loop-64", func(b *testing.B) {
-		const n = 20000
+	// alternate runs a warm-up slice each way (connections, buffers), then ten slices of direct
+	// and agent calls in turn, so that both see the same background load, and reports them.
+	alternate := func(b *testing.B, slice func(viaAgent bool) latencies) {
 		for range b.N {
-			closedLoop(b, cd, direct, 64, 2000) // warm-up: connections, buffers
-			closedLoop(b, ca, via, 64, 2000)
+			slice(false)
+			slice(true)
 			var d, a latencies
 			for range 10 {
-				d = append(d, closedLoop(b, cd, direct, 64, n/10)...)
-				a = append(a, closedLoop(b, ca, via, 64, n/10)...)
+				d = append(d, slice(false)...)
+				a = append(a, slice(true)...)
 			}
 			report(b, d, a)
 		}
+	}
+	b.Run("closed-loop-64", func(b *testing.B) {
+		alternate(b, func(viaAgent bool) latencies {
+			if viaAgent {
+				return closedLoop(b, ca, via, 64, 2000)
+			}
+			return closedLoop(b, cd, direct, 64, 2000)
+		})
 	})
 	// 64 clients, each on its own kept-alive connection, sending on a fixed schedule that adds
 	// up to 2,000 calls/s: the target's "64 concurrent clients at a fixed 2,000 req/s" read as
@@ -183,29 +192,21 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			return cs
 		}
 		dcs, acs := newClients(), newClients()
-		for range b.N {
-			clientsLoop(b, dcs, direct, 2000, 300*time.Millisecond)
-			clientsLoop(b, acs, via, 2000, 300*time.Millisecond)
-			var d, a latencies
-			for range 10 {
-				d = append(d, clientsLoop(b, dcs, direct, 2000, 300*time.Millisecond)...)
-				a = append(a, clientsLoop(b, acs, via, 2000, 300*time.Millisecond)...)
+		alternate(b, func(viaAgent bool) latencies {
+			if viaAgent {
+				return clientsLoop(b, acs, via, 2000, 300*time.Millisecond)
 			}
-			report(b, d, a)
-		}
+			return clientsLoop(b, dcs, direct, 2000, 300*time.Millisecond)
+		})
 	})
+	// 3 s each way, in 300 ms slices.
 	b.Run("open-loop-2000rps", func(b *testing.B) {
-		for range b.N {
-			openLoop(b, cd, direct, 2000, 300*time.Millisecond)
-			openLoop(b, ca, via, 2000, 300*time.Millisecond)
-			// 3 s each, alternating in 300 ms slices so that both see the same background load.
-			var d, a latencies
-			for range 10 {
-				d = append(d, openLoop(b, cd, direct, 2000, 300*time.Millisecond)...)
-				a = append(a, openLoop(b, ca, via, 2000, 300*time.Millisecond)...)
+		alternate(b, func(viaAgent bool) latencies {
+			if viaAgent {
+				return openLoop(b, ca, via, 2000, 300*time.Millisecond)
 			}
-			report(b, d, a)
-		}
+			return openLoop(b, cd, direct, 2000, 300*time.Millisecond)
+		})
 	})
 }
 
