@@ -171,8 +171,8 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		if dp.Endpoint != p.endpoint {
 			p.endpoint = dp.Endpoint
 			if dp.Endpoint != "" {
-				if !p.everIP {
-					p.everIP, p.ipAt = true, now
+				if p.ipAt.IsZero() {
+					p.ipAt = now
 				}
 				p.failures, p.retryAt = 0, time.Time{} // a new address deserves a fresh try
 			}
@@ -854,10 +854,8 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
 	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
 	for _, e := range p.entries {
-		h, ph, carry, _ := c.held(e, now)
-		e.carry, e.carryUntil = carry+max(h, ph), now.Add(e.rt)
+		c.carryCounted(e, now, now.Add(e.rt))
 		e.grant = 0
-		c.markQuota(e.q)
 	}
 	keep := p.versions[:0]
 	for _, v := range p.versions {
@@ -878,7 +876,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 // unknown pod until now is carried until then. A pod this engine saw from its first endpoint on
 // needs no carry: nobody but this engine configures it, and it never pushes an unknown pod.
 func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time) {
-	if st.Uptime <= 0 || !c.started || !p.everIP || !c.mayPredate(p) {
+	if st.Uptime <= 0 || !c.started || !p.everIP() || !c.mayPredate(p) {
 		return
 	}
 	began := now.Add(-st.Uptime.D())
@@ -887,10 +885,16 @@ func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time
 		if !now.Before(until) {
 			continue
 		}
-		h, ph, carry, _ := c.held(e, now)
-		e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
-		c.markQuota(e.q)
+		c.carryCounted(e, now, until)
 	}
+}
+
+// carryCounted adds what the entry is counted at now, its grant aside (the bound of what the
+// pod's previous process may still run), to its carry, kept until at least until.
+func (c *core) carryCounted(e *entry, now, until time.Time) {
+	h, ph, carry, _ := c.held(e, now)
+	e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
+	c.markQuota(e.q)
 }
 
 // restarted says whether st comes from a new agent process: its state went backwards (a lower

@@ -124,8 +124,7 @@ type podState struct {
 	name      string
 	namespace string
 	endpoint  string
-	everIP    bool      // the pod had an endpoint once (it may be calling)
-	ipAt      time.Time // when this engine first saw it with an endpoint
+	ipAt      time.Time // when this engine first saw it with an endpoint; zero if never
 	bootstrap bool      // DesiredPod.Bootstrap
 	entries   map[types.NamespacedName]*entry
 	goneAt    time.Time // when the pod stopped being listed by any quota; zero while listed
@@ -157,6 +156,9 @@ type podState struct {
 	pollAt   time.Time
 	wakeAt   time.Time
 }
+
+// everIP says whether the pod had an endpoint once (it may be calling).
+func (p *podState) everIP() bool { return !p.ipAt.IsZero() }
 
 func (p *podState) present() bool {
 	for _, e := range p.entries {
@@ -257,7 +259,7 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 			}
 		}
 	}
-	if (!p.known && p.everIP && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
+	if (!p.known && p.everIP() && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
 		if !gone {
 			phantom = max(phantom, e.sd)
 		} else if end := p.goneAt.Add(window + e.rt); now.Before(end) {

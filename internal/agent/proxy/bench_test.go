@@ -117,6 +117,26 @@ func clientsLoop(b *testing.B, cs []*http.Client, url string, rps int, dur time.
 	return all
 }
 
+// benchEnforcer holds one downstream "up" forwarding to upstream with room for any load
+// (1,024 permits), changed by mut when not nil.
+func benchEnforcer(b *testing.B, upstream string, mut func(*assignment.Downstream)) *enforce.Enforcer {
+	b.Helper()
+	d := assignment.Downstream{
+		Name: "up", Upstream: upstream, Permits: 1024, SafeDefaultPermits: 1024,
+		AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
+		Fallback: assignment.Fallback{Action: assignment.ActionReject},
+	}
+	if mut != nil {
+		mut(&d)
+	}
+	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
+	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
+		Downstreams: []assignment.Downstream{d}}); err != nil {
+		b.Fatal(err)
+	}
+	return enf
+}
+
 func benchClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 512, IdleConnTimeout: time.Minute}}
 }
@@ -134,15 +154,7 @@ func benchClient() *http.Client {
 func BenchmarkProxyOverhead(b *testing.B) {
 	body := []byte("ok")
 	up := benchServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
-	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
-	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
-		Downstreams: []assignment.Downstream{{
-			Name: "up", Upstream: up, Permits: 1024, SafeDefaultPermits: 1024,
-			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
-			Fallback: assignment.Fallback{Action: assignment.ActionReject},
-		}}}); err != nil {
-		b.Fatal(err)
-	}
+	enf := benchEnforcer(b, up, nil)
 	agent := agentServer(b, New(Options{Enforcer: enf, Logger: quietLogger()}))
 	direct, via := up+"/x", agent+"/up/x"
 	cd, ca := benchClient(), benchClient()
@@ -213,17 +225,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 // BenchmarkHandler is the agent's own cost per call, in process, without the network: the
 // handler in front of a transport that answers at once.
 func BenchmarkHandler(b *testing.B) {
-	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
-	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
-		Downstreams: []assignment.Downstream{{
-			Name: "up", Upstream: "http://upstream.invalid", Permits: 1024, SafeDefaultPermits: 1024,
-			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
-			Rate:     &assignment.Rate{PerSecond: 1e9, Burst: 1 << 30, Mode: assignment.ModeTokenBucket},
-			Breaker:  &assignment.Breaker{Window: assignment.Duration(10 * time.Second), FailureRatePercent: 50, SlowCallThreshold: assignment.Duration(time.Second), SlowCallRatePercent: 100, MinimumCalls: 20, OpenDuration: assignment.Duration(30 * time.Second), HalfOpenProbes: 3},
-			Fallback: assignment.Fallback{Action: assignment.ActionReject},
-		}}}); err != nil {
-		b.Fatal(err)
-	}
+	enf := benchEnforcer(b, "http://upstream.invalid", func(d *assignment.Downstream) {
+		d.Rate = &assignment.Rate{PerSecond: 1e9, Burst: 1 << 30, Mode: assignment.ModeTokenBucket}
+		d.Breaker = &assignment.Breaker{Window: assignment.Duration(10 * time.Second), FailureRatePercent: 50, SlowCallThreshold: assignment.Duration(time.Second), SlowCallRatePercent: 100, MinimumCalls: 20, OpenDuration: assignment.Duration(30 * time.Second), HalfOpenProbes: 3}
+	})
 	h := New(Options{Enforcer: enf, Logger: quietLogger(), Transport: instantTransport{}})
 	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:15001/up/x?y=1", nil)
 	b.ReportAllocs()
@@ -312,15 +317,7 @@ func benchRawUpstream(b *testing.B) string {
 // and allocations per call, network included.
 func BenchmarkServeLean(b *testing.B) {
 	up := benchRawUpstream(b)
-	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
-	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
-		Downstreams: []assignment.Downstream{{
-			Name: "up", Upstream: up, Permits: 1024, SafeDefaultPermits: 1024,
-			AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(10 * time.Second),
-			Fallback: assignment.Fallback{Action: assignment.ActionReject},
-		}}}); err != nil {
-		b.Fatal(err)
-	}
+	enf := benchEnforcer(b, up, nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
