@@ -11,7 +11,7 @@ GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 ENVTEST_K8S_VERSION ?= 1.37.2
 export ENVTEST_K8S_VERSION
 
-# Bounded run time of the fuzz target inside `make test`.
+# Bounded run time of each fuzz target inside `make test`.
 FUZZTIME ?= 20s
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
@@ -63,6 +63,8 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside t
 test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, bounded fuzz.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -race -count=1 ./...
 	go test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./internal/assignment/
+	go test -run='^$$' -fuzz=FuzzRequestHead -fuzztime=$(FUZZTIME) ./internal/agent/proxy/
+	go test -run='^$$' -fuzz=FuzzResponseHead -fuzztime=$(FUZZTIME) ./internal/agent/proxy/
 
 .PHONY: test-e2e
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).

@@ -385,19 +385,26 @@ func (c *srvConn) serve() {
 		c.enter(phaseHeader)
 		// The bufio.Reader may read ahead of the header: allow for its buffer, as http.Server.
 		c.lr.remain = maxHeader + int64(c.br.Size()) - int64(c.br.Buffered())
-		req, err := http.ReadRequest(c.br)
-		c.lr.remain = math.MaxInt64
-		if err != nil {
-			c.badRequest(err)
-			return
+		// A head whole in the buffer and in the common subset is read without net/http (see
+		// head.go); any other by it.
+		req, fast := readRequestHead(c.br, c.reqCtx)
+		if !fast {
+			var err error
+			if req, err = http.ReadRequest(c.br); err != nil {
+				c.badRequest(err)
+				return
+			}
 		}
+		c.lr.remain = math.MaxInt64
 		c.phase.Store(phaseActive)
 		if code, msg := checkRequest(req); code != 0 {
 			c.reject(code, msg)
 			return
 		}
 		req.RemoteAddr = c.remote
-		req = req.WithContext(c.reqCtx)
+		if !fast {
+			req = req.WithContext(c.reqCtx)
+		}
 		var body *requestBody
 		if req.Body != nil && req.Body != http.NoBody {
 			body = &requestBody{rc: req.Body, c: c}
@@ -633,9 +640,8 @@ func (w *response) WriteHeader(code int) {
 	writeStatusLine(bw, code)
 	writeHeaderFields(bw, h)
 	if _, ok := h["Date"]; !ok {
-		var b [len(http.TimeFormat)]byte
 		_, _ = bw.WriteString("Date: ")
-		_, _ = bw.Write(time.Now().UTC().AppendFormat(b[:0], http.TimeFormat))
+		_, _ = bw.Write(time.Now().UTC().AppendFormat(bw.AvailableBuffer(), http.TimeFormat))
 		_, _ = bw.WriteString("\r\n")
 	}
 	switch {
@@ -651,10 +657,15 @@ func (w *response) WriteHeader(code int) {
 	_, _ = bw.WriteString("\r\n")
 }
 
+// writeInt writes n in base through bw's free buffer: a local array would escape to the heap
+// through bufio.Writer.Write.
+func writeInt(bw *bufio.Writer, n int64, base int) {
+	_, _ = bw.Write(strconv.AppendInt(bw.AvailableBuffer(), n, base))
+}
+
 func writeStatusLine(bw *bufio.Writer, code int) {
-	var b [3]byte
 	_, _ = bw.WriteString("HTTP/1.1 ")
-	_, _ = bw.Write(strconv.AppendInt(b[:0], int64(code), 10))
+	writeInt(bw, int64(code), 10)
 	_ = bw.WriteByte(' ')
 	text := http.StatusText(code)
 	if text == "" {
@@ -736,10 +747,8 @@ func (w *response) Write(p []byte) (int, error) {
 	w.written += int64(len(p))
 	bw := w.c.bw
 	if w.chunked {
-		var b [18]byte
-		h := strconv.AppendInt(b[:0], int64(len(p)), 16)
-		h = append(h, '\r', '\n')
-		_, _ = bw.Write(h)
+		writeInt(bw, int64(len(p)), 16)
+		_, _ = bw.WriteString("\r\n")
 	}
 	n, err := bw.Write(p)
 	if w.chunked && err == nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -294,9 +293,20 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 // that asked for no upgrade is an error.
 func readResponse(br *bufio.Reader, r *http.Request) (*http.Response, error) {
 	for {
-		res, err := http.ReadResponse(br, r)
-		if err != nil {
+		// Wait for the answer's first bytes; a head whole in them and in the common subset is
+		// read without net/http (see head.go).
+		if _, err := br.Peek(1); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // as http.ReadResponse: the answer is missing
+			}
 			return nil, err
+		}
+		res, ok := readResponseHead(br, r)
+		if !ok {
+			var err error
+			if res, err = http.ReadResponse(br, r); err != nil {
+				return nil, err
+			}
 		}
 		switch {
 		case res.StatusCode == http.StatusSwitchingProtocols:
@@ -347,11 +357,10 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 		_, _ = bw.WriteString(xff)
 		_, _ = bw.WriteString("\r\n")
 	}
-	var num [20]byte
 	switch {
 	case r.ContentLength > 0:
 		_, _ = bw.WriteString("Content-Length: ")
-		_, _ = bw.Write(strconv.AppendInt(num[:0], r.ContentLength, 10))
+		writeInt(bw, r.ContentLength, 10)
 		_, _ = bw.WriteString("\r\n")
 	case r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody:
 		_, _ = bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -381,10 +390,8 @@ func (uc *upConn) writeBody(body io.Reader, length int64) error {
 			}
 			sent += int64(n)
 			if chunked {
-				var hdr [18]byte
-				h := strconv.AppendInt(hdr[:0], int64(n), 16)
-				h = append(h, '\r', '\n')
-				_, _ = uc.bw.Write(h)
+				writeInt(uc.bw, int64(n), 16)
+				_, _ = uc.bw.WriteString("\r\n")
 			}
 			_, _ = uc.bw.Write(buf[:n])
 			if chunked {
@@ -450,9 +457,10 @@ func removeHopByHop(h http.Header) {
 	for k := range connectionTokens(h) {
 		delete(h, k)
 	}
-	for _, k := range [...]string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
-		delete(h, k)
+	for k := range h { // one pass over the few fields, rather than a delete per hop-by-hop name
+		if isHopByHop(k) {
+			delete(h, k)
+		}
 	}
 }
 
