@@ -72,7 +72,7 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 
 .PHONY: bench
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning).
-	go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/...
+	go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
 
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.
