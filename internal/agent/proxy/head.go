@@ -169,6 +169,7 @@ func readRequestHead(br *bufio.Reader, ctx context.Context) (req *http.Request, 
 	for _, m := range methods {
 		if string(line[:sp]) == m {
 			method = m
+			break
 		}
 	}
 	if method == "" || !bytes.HasSuffix(line, []byte(" HTTP/1.1")) {
@@ -188,12 +189,16 @@ func readRequestHead(br *bufio.Reader, ctx context.Context) (req *http.Request, 
 		return nil, false
 	}
 	length, closing, ok := framing(h)
-	if !ok || len(h["Host"]) > 1 {
+	hosts := h["Host"]
+	if !ok || len(hosts) > 1 {
 		return nil, false
 	}
 	r := http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h,
-		Body: http.NoBody, Host: h.Get("Host"), RequestURI: target, Close: closing, ContentLength: max(length, 0)}
-	delete(h, "Host") // as http.ReadRequest: it is in r.Host
+		Body: http.NoBody, RequestURI: target, Close: closing, ContentLength: max(length, 0)}
+	if len(hosts) == 1 {
+		r.Host = hosts[0]
+		delete(h, "Host") // as http.ReadRequest: it is in r.Host
+	}
 	if length > 0 {
 		r.Body = &fixedBody{r: br, remain: length}
 	}

@@ -132,6 +132,7 @@ var requestHeads = []string{
 	"GET /a HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Close\r\nX-A: 1\r\nx-a:  2 \r\nX-Empty:\r\n\r\nGET /b HTTP/1.1\r\n\r\n",
 	"DELETE /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
 	"GET /a HTTP/1.1\r\nHost: a\r\nX-Obs: caf\xc3\xa9\t!\r\n\r\n",
+	"GET /a HTTP/1.1\r\nX-No-Host: 1\r\n\r\n", // the server refuses it, as net/http's would
 }
 
 // declinedRequests are heads in which net/http reads something the fast path does not do
