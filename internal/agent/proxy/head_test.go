@@ -234,3 +234,30 @@ func FuzzResponseHead(f *testing.F) {
 		checkResponseHead(t, data, method)
 	})
 }
+
+// readResponse: the answer's first bytes decide between the fast path and net/http; an upstream that
+// closes without answering, switches protocols unasked or answers garbage fails the call.
+func TestReadResponse(t *testing.T) {
+	for _, tc := range []struct {
+		in, wantErr string
+		wantStatus  int
+	}{
+		{in: "", wantErr: io.ErrUnexpectedEOF.Error()},
+		{in: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", wantErr: "the upstream switched protocols unasked"},
+		{in: "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", wantStatus: 200},
+		{in: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", wantStatus: 200},
+		{in: "garbage\r\n\r\n", wantErr: `malformed HTTP response "garbage"`},
+	} {
+		res, err := readResponse(bufio.NewReader(strings.NewReader(tc.in)), &http.Request{Method: http.MethodGet})
+		gotErr, gotStatus := "", 0
+		if err != nil {
+			gotErr = err.Error()
+		} else {
+			gotStatus = res.StatusCode
+			_ = res.Body.Close()
+		}
+		if gotErr != tc.wantErr || gotStatus != tc.wantStatus {
+			t.Errorf("%q: got %d %q, want %d %q", tc.in, gotStatus, gotErr, tc.wantStatus, tc.wantErr)
+		}
+	}
+}
