@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Server is the data plane's HTTP/1.1 server: one goroutine per app connection that reads a
@@ -476,7 +478,7 @@ func checkRequest(req *http.Request) (int, string) {
 }
 
 func expectsContinue(req *http.Request) bool {
-	return req.ProtoAtLeast(1, 1) && headerHasToken(req.Header["Expect"], "100-continue")
+	return req.ProtoAtLeast(1, 1) && httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue")
 }
 
 func (c *srvConn) badRequest(err error) {
@@ -622,7 +624,7 @@ func (w *response) WriteHeader(code int) {
 		}
 	}
 	delete(h, "Transfer-Encoding") // the framing is this server's
-	if headerHasToken(h["Connection"], "close") {
+	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		w.keepAlive = false
 	}
 	delete(h, "Connection")

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // The lean upstream client: plain HTTP/1.1 over a pool of kept-alive connections per upstream
@@ -340,7 +342,7 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 	for k, vv := range r.Header {
 		if isHopByHop(k) || k == "X-Forwarded-For" || k == "Content-Length" || k == "Host" ||
 			(named != nil && named[k]) {
-			if k == "Te" && headerHasToken(vv, "trailers") {
+			if k == "Te" && httpguts.HeaderValuesContainsToken(vv, "trailers") {
 				_, _ = bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the app can take trailers
 			}
 			continue
@@ -462,17 +464,6 @@ func removeHopByHop(h http.Header) {
 			delete(h, k)
 		}
 	}
-}
-
-func headerHasToken(vv []string, token string) bool {
-	for _, v := range vv {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), token) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func isEventStream(h http.Header) bool {
