@@ -11,8 +11,21 @@ GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 ENVTEST_K8S_VERSION ?= 1.37.2
 export ENVTEST_K8S_VERSION
 
-# Bounded run time of each fuzz target inside `make test`.
-FUZZTIME ?= 20s
+# The module asks for Go 1.27 (go.mod's toolchain line); a machine whose Go defaults to
+# GOTOOLCHAIN=local (as Debian-style installs with a go.env may) would refuse it, so the
+# go command is allowed to fetch that toolchain from the module proxy.
+GOTOOLCHAIN ?= auto
+export GOTOOLCHAIN
+
+# Each fuzz target in `make test` runs for a fixed number of executions, never against a
+# wall-clock deadline: a deadline can race the fuzz coordinator on a busy machine
+# (golang/go#75804) and fail with no finding, while a count only makes a slow machine take
+# longer. The counts give each target about 20 s on the 2-core reference machine (measured
+# rates in docs/benchmarks.md). A crash is still a failure, with its input written under
+# testdata/fuzz/. Override with e.g. FUZZ_RESPONSE_HEAD=1000000x.
+FUZZ_DECODE ?= 150000x
+FUZZ_REQUEST_HEAD ?= 250000x
+FUZZ_RESPONSE_HEAD ?= 250000x
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
 
@@ -62,9 +75,13 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside t
 .PHONY: test
 test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, bounded fuzz.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -race -count=1 ./...
-	go test -run='^$$' -fuzz=FuzzDecode -fuzztime=$(FUZZTIME) ./internal/assignment/
-	go test -run='^$$' -fuzz=FuzzRequestHead -fuzztime=$(FUZZTIME) ./internal/agent/proxy/
-	go test -run='^$$' -fuzz=FuzzResponseHead -fuzztime=$(FUZZTIME) ./internal/agent/proxy/
+	$(MAKE) fuzz
+
+.PHONY: fuzz
+fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpora run as plain tests in go test ./...).
+	go test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZ_DECODE) ./internal/assignment/
+	go test -run='^$$' -fuzz='^FuzzRequestHead$$' -fuzztime=$(FUZZ_REQUEST_HEAD) ./internal/agent/proxy/
+	go test -run='^$$' -fuzz='^FuzzResponseHead$$' -fuzztime=$(FUZZ_RESPONSE_HEAD) ./internal/agent/proxy/
 
 .PHONY: test-e2e
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).

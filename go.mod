@@ -1,6 +1,8 @@
 module github.com/apportion/apportion
 
-go 1.26.0
+go 1.27.0
+
+toolchain go1.27.4
 
 require (
 	github.com/go-logr/logr v1.4.3

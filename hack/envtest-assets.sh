@@ -15,6 +15,10 @@
 # finds it. The directory is keyed by the Kubernetes version only (that is
 # setup-envtest's layout); the etcd version is checked per binary instead.
 #
+# The binaries do not depend on the Go toolchain the project itself uses (its
+# go.mod's `toolchain` line): they are built with whatever toolchain their own
+# modules ask for, so a change of the project's toolchain rebuilds nothing here.
+#
 # Idempotent: if every binary already exists and reports the wanted version,
 # nothing is built and the script returns in about a second. A cold build
 # takes a few minutes (kube-apiserver dominates); the shared GOMODCACHE and
@@ -68,6 +72,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 command -v go >/dev/null || { echo "envtest-assets: go not found in PATH" >&2; exit 1; }
+# This machine's Go may default to GOTOOLCHAIN=local (its go.env); let the go
+# command fetch a newer toolchain where a module asks for one.
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 
 # Run "$@" while printing a "still working" line every 20s, so long silent
 # steps (module downloads, the kube-apiserver link) visibly make progress.

@@ -5,11 +5,15 @@
 #   hack/tools.sh                               # all tools
 #   hack/tools.sh controller-gen golangci-lint  # just these
 #
-# Each tool is built once per version with `go install <pkg>@<version>` (from
-# the Go module proxy) into a cache outside the clone, shared by all clones
-# and worktrees:
-#   ${XDG_CACHE_HOME:-$HOME/.cache}/apportion/tools/<name>-<version>/<name>
-# and ./bin/<name> is a symlink to it. Bumping a version below therefore just
+# Each tool is built once per version and Go toolchain with
+# `go install <pkg>@<version>` (from the Go module proxy) into a cache outside
+# the clone, shared by all clones and worktrees:
+#   ${XDG_CACHE_HOME:-$HOME/.cache}/apportion/tools/<name>-<version>-<go>/<name>
+# and ./bin/<name> is a symlink to it. <go> is the toolchain the project's
+# go.mod selects (its `toolchain` line, fetched by GOTOOLCHAIN=auto): the
+# linters and controller-gen load our packages with go/types, which refuses a
+# module whose go line is newer than the toolchain the tool was built with, so
+# a toolchain change must rebuild them. Bumping a version below therefore just
 # builds a new cache entry and repoints the link; switching back is instant.
 # A second run with nothing to do takes well under a second.
 #
@@ -87,6 +91,15 @@ CACHE_DIR="${XDG_CACHE_HOME:-${HOME}/.cache}/apportion/tools"
 # go.work or GOFLAGS=-mod=... of the surrounding checkout must not interfere.
 # Static binaries: the tools need no cgo and then run anywhere.
 export GOWORK=off CGO_ENABLED=0
+# This machine's Go may default to GOTOOLCHAIN=local (its go.env); the project's
+# go.mod names the toolchain it needs, and auto lets the go command fetch it.
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+
+# The toolchain the project's go.mod selects; every tool is built with exactly
+# that one, and the cache is keyed by it.
+STEP="resolving the project's Go toolchain"
+GO_VERSION="$(cd "${REPO_ROOT}" && go env GOVERSION)"
+[[ "${GO_VERSION}" == go* ]] || { log "could not resolve the Go toolchain (got '${GO_VERSION}')"; exit 1; }
 
 tools=("$@")
 (( ${#tools[@]} )) || tools=("${ALL_TOOLS[@]}")
@@ -101,20 +114,20 @@ mkdir -p "${BIN_DIR}" "${CACHE_DIR}"
 
 for name in "${tools[@]}"; do
   read -r pkg version < <(tool_spec "${name}")
-  dest_dir="${CACHE_DIR}/${name}-${version}"
+  dest_dir="${CACHE_DIR}/${name}-${version}-${GO_VERSION}"
   dest="${dest_dir}/${name}"
 
   if [[ -x "${dest}" ]]; then
-    log "${name} ${version}: cached"
+    log "${name} ${version} (${GO_VERSION}): cached"
   else
     STEP="building ${pkg}@${version}"
-    log "${name} ${version}: building ${pkg}@${version} (first time only) ..."
+    log "${name} ${version}: building ${pkg}@${version} with ${GO_VERSION} (first time only) ..."
     start=$(date +%s)
     # Build into a scratch dir next to the destination, then rename: an
     # interrupted build never leaves a truncated binary at the cached path.
     TMP=$(mktemp -d "${CACHE_DIR}/.tmp-${name}.XXXXXX")
     with_heartbeat "building ${name}" \
-      env GOBIN="${TMP}" go install -trimpath -ldflags "-s -w" "${pkg}@${version}"
+      env GOBIN="${TMP}" GOTOOLCHAIN="${GO_VERSION}" go install -trimpath -ldflags "-s -w" "${pkg}@${version}"
     mkdir -p "${dest_dir}"
     mv -f "${TMP}/${name}" "${dest}"
     rm -rf "${TMP}"; TMP=""
