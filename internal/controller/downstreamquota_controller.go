@@ -275,6 +275,7 @@ func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportio
 func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
 	d := push.DesiredQuota{
 		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
+		UID:        dq.UID,
 		Generation: dq.Generation,
 		Limit:      dq.Spec.MaxInFlight,
 		Downstream: downstreamTemplate(dq),
@@ -300,6 +301,7 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 				RatePerSecond: rps,
 				RateBurst:     burst,
 				Terminating:   p.DeletionTimestamp != nil,
+				Since:         p.CreationTimestamp.Time,
 				Bootstrap:     agentBootstraps(&p),
 			})
 		}

@@ -67,8 +67,8 @@ type foreignDS struct {
 // quotaState is one DownstreamQuota's desired state and ledger.
 type quotaState struct {
 	key     types.NamespacedName
-	uid     types.UID // of the DownstreamQuota object last set; "" when not given
-	deleted bool      // the object was deleted; the ledger lives on until it counts nothing
+	uid     types.UID    // of the DownstreamQuota object last set; "" when not given
+	deleted bool         // the object was deleted; the ledger lives on until it counts nothing
 	desired DesiredQuota // deep copy; Pods is not kept
 	maxRT   time.Duration
 	entries map[types.UID]*entry
@@ -135,7 +135,7 @@ type podState struct {
 	// controller stopped listing it: it is alive as far as the engine knows, and its agent keeps
 	// what it holds (its fallback included) until it acknowledges something lower. Not gone.
 	orphaned bool
-	removed   bool
+	removed  bool
 
 	gen     int64                  // generation of content
 	content *assignment.Assignment // what the pod should hold now; nil before the epoch is known
