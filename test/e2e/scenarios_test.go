@@ -487,9 +487,13 @@ func waitUnknownDownstream(ctx context.Context, s *harness.Scenario, within time
 	a := s.Workload.Agent(s.Workload.Pods()[0])
 	c := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(within)
+	last := "no answer"
 	for {
 		resp, err := c.Get(a.DataURL(s.Cfg.Quota) + "/probe")
-		if err == nil {
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = resp.Status
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusNotFound {
@@ -502,7 +506,7 @@ func waitUnknownDownstream(ctx context.Context, s *harness.Scenario, within time
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no 404 for the deleted quota within %s (last: %v)", within, err)
+			return fmt.Errorf("no 404 for the deleted quota within %s (last: %s)", within, last)
 		}
 		if err := sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
