@@ -2,6 +2,7 @@ package push
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -641,6 +642,10 @@ func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
 	}
 	if a.gen <= 7 || a.epoch != 3 {
 		t.Fatalf("agent holds e%d g%d, want generation above 7", a.epoch, a.gen)
+	}
+	if evs := h.c.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
+		!strings.Contains(evs[0].Message, "pod p0 held generation 7") {
+		t.Fatalf("events %+v, want one AgentRelearned for p0", evs)
 	}
 	h.runFor(hWin + hRT + time.Second)
 	r := h.report("ns", "q")
