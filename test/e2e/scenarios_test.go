@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/test/e2e/harness"
@@ -471,6 +473,11 @@ func TestQuotaDeletedAndCreatedAgain(t *testing.T) {
 				s.Manager.Running(), pid, s.Manager.Pid(), starts, s.Manager.Starts(), s.Manager.LogPath)
 		}
 	}
+	// After the 10 s gap the manager had forgotten the pods (their agents got an empty
+	// assignment); meeting them again it re-learned them and said so on the quota.
+	if err := waitEvent(ctx, s, "AgentRelearned", 15*time.Second); err != nil {
+		t.Error(err)
+	}
 	_ = sleep(ctx, time.Second)
 	if !s.Manager.Running() {
 		t.Fatalf("the manager exited: %v", s.Manager.ExitErr())
@@ -509,6 +516,28 @@ func waitUnknownDownstream(ctx context.Context, s *harness.Scenario, within time
 			return fmt.Errorf("no 404 for the deleted quota within %s (last: %s)", within, last)
 		}
 		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// waitEvent waits for an Event with the reason about the scenario's quota.
+func waitEvent(ctx context.Context, s *harness.Scenario, reason string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var evs eventsv1.EventList
+		if err := s.Env.CP.Client.List(ctx, &evs, client.InNamespace(s.Cfg.Namespace)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == reason && e.Regarding.Kind == "DownstreamQuota" && e.Regarding.Name == s.Cfg.Quota {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %s Event on the quota within %s", reason, within)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
