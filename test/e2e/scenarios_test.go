@@ -494,7 +494,7 @@ func waitUnknownDownstream(ctx context.Context, s *harness.Scenario, within time
 	a := s.Workload.Agent(s.Workload.Pods()[0])
 	c := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(within)
-	last := "no answer"
+	var last string
 	for {
 		resp, err := c.Get(a.DataURL(s.Cfg.Quota) + "/probe")
 		if err != nil {
