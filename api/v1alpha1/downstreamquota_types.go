@@ -212,8 +212,15 @@ type TargetStatus struct {
 	// permitsPerPod is each pod's share.
 	PermitsPerPod int32 `json:"permitsPerPod"`
 	// safeDefaultPermits is what one pod of this target may use with no valid assignment:
-	// its weighted share of maxInFlight × factor over every target's HPA maxReplicas.
+	// its weighted share of maxInFlight × factor over every target's safeDefaultReplicas.
 	SafeDefaultPermits int32 `json:"safeDefaultPermits"`
+	// safeDefaultReplicas is the replica count the safe default is split over: the HPA's
+	// maxReplicas while an HPA scales the target; without one, the highest count seen for the
+	// target since the quota was created (its replicas, or the maxReplicas of an HPA since
+	// deleted), so that a deleted HPA or a scale-in never raises the safe default. Never below
+	// replicas.
+	// +optional
+	SafeDefaultReplicas int32 `json:"safeDefaultReplicas,omitempty"`
 	// podsSynced is the number of pods whose agent acknowledged its current permits.
 	// +optional
 	PodsSynced int32 `json:"podsSynced"`
@@ -244,8 +251,13 @@ const (
 	ConditionOversubscribed = "Oversubscribed"
 	// ConditionTargetsFound is false when a target workload does not exist.
 	ConditionTargetsFound = "TargetsFound"
-	// ConditionPodsReachable is false when some pods' agents could not be reached.
+	// ConditionPodsReachable is false when some pods' agents could not be reached, or some pods
+	// have no agent to reach.
 	ConditionPodsReachable = "PodsReachable"
+	// ConditionPodsWithoutAgent is true when pods of a target have an IP but no agent the manager
+	// can find (no apportion.io/agent-port annotation, no container port apportion-ctl): they are
+	// counted at their share, but nothing enforces it.
+	ConditionPodsWithoutAgent = "PodsWithoutAgent"
 
 	// ReasonRecovering is the Ready condition's reason while a newly started manager waits out
 	// a previous manager's leases: it raises nobody, and its ledger may count what it cannot see
@@ -258,7 +270,7 @@ type DownstreamQuotaStatus struct {
 	// observedGeneration is the spec generation this status was computed from.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// conditions: Ready, Oversubscribed, TargetsFound, PodsReachable.
+	// conditions: Ready, Oversubscribed, TargetsFound, PodsReachable, PodsWithoutAgent.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

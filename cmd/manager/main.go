@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -147,6 +148,7 @@ func run(args []string) error {
 	replicator := newKeyReplicator(keys, ks)
 
 	// The engine's changes refresh both kinds' status; each controller reads its own channel.
+	recorder := mgr.GetEventRecorder("apportion-manager")
 	quotaChanges := make(chan event.GenericEvent, 1024)
 	ruleChanges := make(chan event.GenericEvent, 1024)
 	engine, err := push.New(push.Options{
@@ -165,6 +167,17 @@ func run(args []string) error {
 			quotaChanges <- ev
 			ruleChanges <- ev
 		},
+		OnEvent: func(ev push.Event) {
+			dq := &apportionv1.DownstreamQuota{}
+			dq.SetNamespace(ev.Quota.Namespace)
+			dq.SetName(ev.Quota.Name)
+			dq.SetUID(ev.UID)
+			typ := corev1.EventTypeNormal
+			if ev.Warning {
+				typ = corev1.EventTypeWarning
+			}
+			recorder.Eventf(dq, nil, typ, ev.Reason, "Push", "%s", ev.Message)
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("push engine: %w", err)
@@ -181,7 +194,6 @@ func run(args []string) error {
 	if err := controller.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexes: %w", err)
 	}
-	recorder := mgr.GetEventRecorder("apportion-manager")
 	if err := (&controller.DownstreamQuotaReconciler{
 		Client:        mgr.GetClient(),
 		Recorder:      recorder,

@@ -1,9 +1,16 @@
 package controller
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/push"
 )
 
 func TestAgentBootstraps(t *testing.T) {
@@ -29,5 +36,120 @@ func TestAgentBootstraps(t *testing.T) {
 				t.Fatalf("agentBootstraps(%q %q) = %v, want %v", tc.command, tc.args, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestAgentOf(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	ctl := []corev1.ContainerPort{{Name: AgentPortName, ContainerPort: 15000}}
+	for _, tc := range []struct {
+		name string
+		pod  corev1.Pod
+		want podAgent
+	}{
+		{"nothing", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}}}, podAgent{}},
+		{"annotation", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "15100"}}}, podAgent{Port: 15100}},
+		{"annotation wins over the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "15100"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15100}},
+		{"a bad annotation falls back to the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "ctl"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
+		{"named port in a container", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
+		{"native sidecar with port and --bootstrap", corev1.Pod{Spec: corev1.PodSpec{
+			Containers:     []corev1.Container{{Name: "app"}},
+			InitContainers: []corev1.Container{{Name: "apportion-agent", RestartPolicy: &always, Ports: ctl, Args: []string{"--bootstrap=/b.json"}}},
+		}}, podAgent{Port: 15000, Bootstrap: true}},
+		{"a plain init container is not an agent", corev1.Pod{Spec: corev1.PodSpec{
+			Containers:     []corev1.Container{{Name: "app"}},
+			InitContainers: []corev1.Container{{Name: "setup", Ports: ctl, Args: []string{"--bootstrap"}}},
+		}}, podAgent{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := agentOf(&tc.pod); got != tc.want {
+				t.Fatalf("agentOf = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// computeStatus with the Pusher's report: pods without an agent make PodsReachable false (it
+// no longer claims every agent answered) and Ready false, and are named, capped; unreachable
+// agents take precedence in PodsReachable.
+func TestComputeStatusPodsWithoutAgent(t *testing.T) {
+	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Spec: apportionv1.DownstreamQuotaSpec{MaxInFlight: 50}}
+	target := apportionv1.Target{Kind: apportionv1.KindDeployment, Name: "gateway"}
+	var pods []corev1.Pod
+	for i := range 14 {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gateway-%02d", i)}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+		if i < 2 {
+			p.Annotations = map[string]string{AgentPortAnnotation: "15000"}
+		}
+		pods = append(pods, p)
+	}
+	pods = append(pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gateway-pending"}}) // no IP: not calling
+	obs := []targetObservation{{Target: target, Found: true, SpecReplicas: 15, Pods: pods}}
+	split := splitFor(dq, obs)
+	now := metav1.Now()
+	cond := func(st apportionv1.DownstreamQuotaStatus, typ string) metav1.Condition {
+		c := meta.FindStatusCondition(st.Conditions, typ)
+		if c == nil {
+			t.Fatalf("no %s condition", typ)
+		}
+		return *c
+	}
+
+	st := computeStatus(dq, obs, split, &push.Report{Converged: true}, now)
+	if st.Pods != 15 {
+		t.Fatalf("pods counted %d, want 15 (pods without an agent stay counted)", st.Pods)
+	}
+	c := cond(st, apportionv1.ConditionPodsWithoutAgent)
+	if c.Status != metav1.ConditionTrue || c.Reason != ReasonAgentNotFound ||
+		!strings.Contains(c.Message, "12 pods have no agent") ||
+		!strings.Contains(c.Message, "gateway-02, gateway-03, gateway-04, gateway-05, gateway-06, gateway-07, gateway-08, gateway-09, gateway-10, gateway-11 and 2 more") ||
+		strings.Contains(c.Message, "gateway-00") || strings.Contains(c.Message, "pending") {
+		t.Fatalf("PodsWithoutAgent = %+v", c)
+	}
+	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != ReasonAgentNotFound {
+		t.Fatalf("PodsReachable = %+v", c)
+	}
+	if c := cond(st, apportionv1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != apportionv1.ConditionPodsWithoutAgent {
+		t.Fatalf("Ready = %+v", c)
+	}
+
+	st = computeStatus(dq, obs, split, &push.Report{Converged: true, Unreachable: []string{"gateway-00"}}, now)
+	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != ReasonAgentsUnreachable {
+		t.Fatalf("PodsReachable with an unreachable agent = %+v", c)
+	}
+
+	obs[0].Pods = pods[:2]
+	obs[0].SpecReplicas = 2
+	st = computeStatus(dq, obs, splitFor(dq, obs), &push.Report{Converged: true}, now)
+	for _, typ := range []string{apportionv1.ConditionPodsReachable, apportionv1.ConditionReady} {
+		if c := cond(st, typ); c.Status != metav1.ConditionTrue {
+			t.Fatalf("%s with every agent = %+v", typ, c)
+		}
+	}
+	if c := cond(st, apportionv1.ConditionPodsWithoutAgent); c.Status != metav1.ConditionFalse {
+		t.Fatalf("PodsWithoutAgent with every agent = %+v", c)
+	}
+}
+
+// The safe default's replica bound: HPA maxReplicas while there is an HPA, the kept bound
+// (never lower than replicas) without one.
+func TestMaxReplicasKeepsTheBound(t *testing.T) {
+	hpa := &apportionv1.HPAStatus{MaxReplicas: 16, DesiredReplicas: 8, CurrentReplicas: 8}
+	for _, tc := range []struct {
+		name string
+		o    targetObservation
+		want int64
+	}{
+		{"HPA", targetObservation{Found: true, SpecReplicas: 8, HPA: hpa, Kept: 4}, 16},
+		{"HPA below the pods", targetObservation{Found: true, SpecReplicas: 20, HPA: hpa}, 20},
+		{"no HPA, nothing kept", targetObservation{Found: true, SpecReplicas: 8}, 8},
+		{"no HPA, kept from a deleted HPA", targetObservation{Found: true, SpecReplicas: 8, Kept: 16}, 16},
+		{"no HPA, scaled above the kept bound", targetObservation{Found: true, SpecReplicas: 20, Kept: 16}, 20},
+	} {
+		if got := tc.o.maxReplicas(); got != tc.want {
+			t.Errorf("%s: maxReplicas = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

@@ -92,11 +92,20 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		}
 	}
 
+	// The last status decided (the cached one can lag behind a write just made): the safe
+	// default's kept replica bound, and the baseline for the rebalance and safe default Events.
+	prev := dq.Status.Targets
+	if d, ok := r.decided.Load(req.NamespacedName); ok {
+		prev = d.([]apportionv1.TargetStatus)
+	}
 	obs := make([]targetObservation, len(dq.Spec.Targets))
 	for i, t := range dq.Spec.Targets {
 		o, err := r.observe(ctx, dq.Namespace, t)
 		if err != nil {
 			return ctrl.Result{}, err
+		}
+		if p := findTarget(prev, t); p != nil {
+			o.Kept = int64(p.SafeDefaultReplicas)
 		}
 		obs[i] = o
 	}
@@ -119,17 +128,22 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 
 	now := metav1.NewTime(r.Clock.Now())
 	status := computeStatus(&dq, obs, split, report, now)
-	prev := dq.Status.Targets
-	if d, ok := r.decided.Load(req.NamespacedName); ok {
-		prev = d.([]apportionv1.TargetStatus)
-	}
 	r.decided.Store(req.NamespacedName, status.Targets)
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
 		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
 	}
+	if msg := safeDefaultMessage(prev, status.Targets); msg != "" {
+		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, ReasonSafeDefaultChanged, "Rebalance", "safe default: %s", msg)
+	}
+	// One Warning each time the set of pods without an agent changes: the condition names them.
+	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsWithoutAgent); c != nil && c.Status == metav1.ConditionTrue {
+		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
+			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, apportionv1.ConditionPodsWithoutAgent, "Apportion", "%s", c.Message)
+		}
+	}
 	// One Warning each time the set of unreachable pods changes: the condition's message names it.
-	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse {
+	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonAgentsUnreachable {
 		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
 			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, "PodsUnreachable", "Push",
 				"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
@@ -154,6 +168,8 @@ type targetObservation struct {
 	SpecReplicas int32
 	HPA          *apportionv1.HPAStatus
 	Pods         []corev1.Pod
+	// Kept is the safeDefaultReplicas of the target's last status (0 if none).
+	Kept int64
 }
 
 func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t apportionv1.Target) (targetObservation, error) {
@@ -254,13 +270,17 @@ func (o targetObservation) replicas() int64 {
 	return apportion.Replicas(desired, current, int64(o.SpecReplicas), int64(len(o.Pods)))
 }
 
-// maxReplicas is the autoscaler's bound for the safe default: HPA maxReplicas, or the replica
-// count when no HPA scales the workload.
+// maxReplicas is the replica count the safe default is split over (status
+// targets[].safeDefaultReplicas): the HPA's maxReplicas while an HPA scales the target; without
+// one, the highest count seen for the target (Kept, from the last status), so that neither a
+// deleted HPA nor a scale-in raises the safe default — an agent falls back to it when it cannot
+// hear from the manager, possibly while the workload is scaled by hand. An HPA created again
+// sets it anew, lower or higher: it bounds the replicas again. Never below replicas.
 func (o targetObservation) maxReplicas() int64 {
 	if o.HPA != nil {
 		return max(int64(o.HPA.MaxReplicas), o.replicas())
 	}
-	return o.replicas()
+	return max(o.Kept, o.replicas())
 }
 
 func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportion.Result {
@@ -275,6 +295,7 @@ func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportio
 func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
 	d := push.DesiredQuota{
 		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
+		UID:        dq.UID,
 		Generation: dq.Generation,
 		Limit:      dq.Spec.MaxInFlight,
 		Downstream: downstreamTemplate(dq),
@@ -300,6 +321,7 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 				RatePerSecond: rps,
 				RateBurst:     burst,
 				Terminating:   p.DeletionTimestamp != nil,
+				Since:         p.CreationTimestamp.Time,
 				Bootstrap:     agentBootstraps(&p),
 			})
 		}
@@ -314,25 +336,57 @@ const (
 	AgentPortName       = "apportion-ctl"
 )
 
-// agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.
-func agentEndpoint(p *corev1.Pod) string {
-	if p.Status.PodIP == "" {
-		return ""
-	}
-	port := 0
+// podAgent is what a pod's spec says about its Apportion agent.
+type podAgent struct {
+	// Port is the agent's control port; 0 when the pod has none the manager can find.
+	Port int
+	// Bootstrap is true when an agent container runs with a --bootstrap flag.
+	Bootstrap bool
+}
+
+// agentOf is the one place that finds a pod's agent: the port of the apportion.io/agent-port
+// annotation, else the container port named apportion-ctl, looked for in the pod's containers
+// and in its native sidecars (init containers with restartPolicy Always, where an injected agent
+// runs); a --bootstrap flag in the command or arguments of any of those containers. An
+// annotation that is not a port number is ignored (the named port, if any, is used).
+func agentOf(p *corev1.Pod) podAgent {
+	var a podAgent
 	if v, ok := p.Annotations[AgentPortAnnotation]; ok {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
-			port = n
+			a.Port = n
 		}
 	}
-	for _, c := range p.Spec.Containers {
+	check := func(c *corev1.Container) {
 		for _, cp := range c.Ports {
-			if port == 0 && cp.Name == AgentPortName {
-				port = int(cp.ContainerPort)
+			if a.Port == 0 && cp.Name == AgentPortName && cp.ContainerPort > 0 {
+				a.Port = int(cp.ContainerPort)
+			}
+		}
+		for _, list := range [][]string{c.Command, c.Args} {
+			for _, arg := range list {
+				flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+				if strings.HasPrefix(arg, "-") && flag == "bootstrap" {
+					a.Bootstrap = true
+				}
 			}
 		}
 	}
-	if port == 0 {
+	for i := range p.Spec.Containers {
+		check(&p.Spec.Containers[i])
+	}
+	for i := range p.Spec.InitContainers {
+		c := &p.Spec.InitContainers[i]
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			check(c)
+		}
+	}
+	return a
+}
+
+// agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.
+func agentEndpoint(p *corev1.Pod) string {
+	port := agentOf(p).Port
+	if p.Status.PodIP == "" || port == 0 {
 		return ""
 	}
 	host := p.Status.PodIP
@@ -342,22 +396,14 @@ func agentEndpoint(p *corev1.Pod) string {
 	return fmt.Sprintf("http://%s:%d", host, port)
 }
 
-// agentBootstraps says whether one of the pod's containers runs with a --bootstrap flag (in its
-// command or arguments): such an agent may call on its safe default before the manager reached
-// it, so the ledger counts it at that until it answers.
-func agentBootstraps(p *corev1.Pod) bool {
-	for _, c := range p.Spec.Containers {
-		for _, list := range [][]string{c.Command, c.Args} {
-			for _, a := range list {
-				flag, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-				if strings.HasPrefix(a, "-") && flag == "bootstrap" {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
+// agentBootstraps says whether the pod's agent runs with a --bootstrap flag (in its command or
+// arguments): such an agent may call on its safe default before the manager reached it, so the
+// ledger counts it at that until it answers.
+func agentBootstraps(p *corev1.Pod) bool { return agentOf(p).Bootstrap }
+
+// withoutAgent says whether the pod may be calling (it has an IP) but has no agent the manager
+// can find: it is counted at its share, and nothing enforces it.
+func withoutAgent(p *corev1.Pod) bool { return p.Status.PodIP != "" && agentOf(p).Port == 0 }
 
 // switchesFor lists the degrade switches that are in force for this quota now.
 func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apportionv1.DownstreamQuota) ([]push.TargetedSwitch, error) {

@@ -6,7 +6,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +26,19 @@ func perPod(i int) func(*apportionv1.DownstreamQuota) []int32 {
 		}
 		t := dq.Status.Targets[i]
 		return []int32{t.Replicas, t.PermitsPerPod}
+	}
+}
+
+// eventNotes lists the notes of every Event in the namespace.
+func eventNotes(ctx context.Context, ns string) func() []string {
+	return func() []string {
+		var evs eventsv1.EventList
+		Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+		var notes []string
+		for _, e := range evs.Items {
+			notes = append(notes, e.Note)
+		}
+		return notes
 	}
 }
 
@@ -69,15 +84,7 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 			WithTransform(perPod(0), Equal([]int32{10, 4})),
 			HaveField("Status.Assigned", BeEquivalentTo(40)),
 		))
-		Eventually(func() []string {
-			var evs eventsv1.EventList
-			Expect(k8sClient.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
-			var notes []string
-			for _, e := range evs.Items {
-				notes = append(notes, e.Note)
-			}
-			return notes
-		}).Should(ContainElement("rebalanced: gateway: 8→10 pods, 5→4 permits per pod"))
+		Eventually(eventNotes(ctx, ns)).Should(ContainElement("rebalanced: gateway: 8→10 pods, 5→4 permits per pod"))
 	})
 
 	It("counts existing pods beyond the HPA's count, terminating ones included", func() {
@@ -153,6 +160,93 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			HaveField("Status.SafeDefaultPermits", BeEquivalentTo(4)),
 			HaveField("Status.Targets", ContainElement(HaveField("SafeDefaultPermits", BeEquivalentTo(4)))),
+		))
+	})
+
+	It("never raises the safe default because an HPA was deleted; an HPA created again sets it anew, with an Event", func() {
+		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 8))).To(Succeed())
+		h := hpa(ns, "gateway", "gateway", 8, 16)
+		Expect(k8sClient.Create(ctx, h)).To(Succeed())
+		setHPAStatus(ctx, h, 8, 8)
+		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		safeDefault := func(permits, replicas int) types.GomegaMatcher {
+			return SatisfyAll(
+				HaveField("Status.SafeDefaultPermits", BeEquivalentTo(permits)),
+				HaveField("Status.Targets", ConsistOf(SatisfyAll(
+					HaveField("SafeDefaultPermits", BeEquivalentTo(permits)),
+					HaveField("SafeDefaultReplicas", BeEquivalentTo(replicas)),
+				))),
+			)
+		}
+		Eventually(getQuota(ctx, ns, "logistics")).Should(safeDefault(2, 16)) // 40 / 16
+
+		// Deleted: the workload keeps 8 replicas, and 40 / 8 would be 5; the kept 16 holds.
+		Expect(k8sClient.Delete(ctx, h)).To(Succeed())
+		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
+			HaveField("Status.Targets", ConsistOf(HaveField("HPA", BeNil()))),
+			safeDefault(2, 16),
+		))
+		Consistently(getQuota(ctx, ns, "logistics"), "500ms").Should(safeDefault(2, 16))
+
+		// Created again with a lower maximum: it bounds the replicas again, 40 / 10.
+		h = hpa(ns, "gateway", "gateway", 8, 10)
+		Expect(k8sClient.Create(ctx, h)).To(Succeed())
+		Eventually(getQuota(ctx, ns, "logistics")).Should(safeDefault(4, 10))
+
+		// Deleted and created again with a higher maximum: 40 / 20.
+		Expect(k8sClient.Delete(ctx, h)).To(Succeed())
+		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
+			HaveField("Status.Targets", ConsistOf(HaveField("HPA", BeNil()))),
+			safeDefault(4, 10),
+		))
+		h = hpa(ns, "gateway", "gateway", 8, 20)
+		Expect(k8sClient.Create(ctx, h)).To(Succeed())
+		Eventually(getQuota(ctx, ns, "logistics")).Should(safeDefault(2, 20))
+
+		Eventually(eventNotes(ctx, ns)).Should(SatisfyAll(
+			ContainElement("safe default: gateway: 2→4 permits per pod (over 16→10 replicas)"),
+			ContainElement("safe default: gateway: 4→2 permits per pod (over 10→20 replicas)"),
+		))
+		Expect(eventNotes(ctx, ns)()).NotTo(ContainElement(ContainSubstring("2→5 permits")))
+	})
+
+	It("reports pods without an agent in a condition and an Event, and still counts them", func() {
+		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 3))).To(Succeed())
+		labels := map[string]string{"app": "gateway"}
+		always := corev1.ContainerRestartPolicyAlways
+		mk := func(name string, spec corev1.PodSpec, ann map[string]string) {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: ann}, Spec: spec}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			p.Status.Phase = corev1.PodRunning
+			p.Status.PodIP = "10.0.0.1"
+			Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
+		}
+		app := corev1.Container{Name: "app", Image: "app"}
+		// An annotated pod, a pod whose agent is a native sidecar (as the injector puts it), and
+		// one without any agent.
+		mk("gateway-a", corev1.PodSpec{Containers: []corev1.Container{app}}, map[string]string{AgentPortAnnotation: "15000"})
+		mk("gateway-b", corev1.PodSpec{Containers: []corev1.Container{app}, InitContainers: []corev1.Container{{
+			Name: "apportion-agent", Image: "agent", RestartPolicy: &always,
+			Ports: []corev1.ContainerPort{{Name: AgentPortName, ContainerPort: 15000}},
+		}}}, nil)
+		mk("gateway-c", corev1.PodSpec{Containers: []corev1.Container{app}}, nil)
+		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+
+		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
+			WithTransform(perPod(0), Equal([]int32{3, 13})), // gateway-c is counted
+			WithTransform(condition(apportionv1.ConditionPodsWithoutAgent), SatisfyAll(HavePrefix("True"), ContainSubstring(": gateway-c;"))),
+			WithTransform(condition(apportionv1.ConditionReady), SatisfyAll(HavePrefix("False"), ContainSubstring("gateway-c"))),
+		))
+		Eventually(eventNotes(ctx, ns)).Should(ContainElement(HavePrefix("1 pods have no agent the manager can find")))
+
+		// Annotated after all: the condition clears.
+		var c corev1.Pod
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gateway-c"}, &c)).To(Succeed())
+		c.Annotations = map[string]string{AgentPortAnnotation: "15000"}
+		Expect(k8sClient.Update(ctx, &c)).To(Succeed())
+		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
+			WithTransform(condition(apportionv1.ConditionPodsWithoutAgent), HavePrefix("False")),
+			WithTransform(condition(apportionv1.ConditionReady), HavePrefix("True")),
 		))
 	})
 

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -42,18 +43,24 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		}
 	}
 
-	var missing, perPod []string
+	var missing, perPod, noAgent []string
 	for i, o := range obs {
 		ts := apportionv1.TargetStatus{
-			Kind:               o.Target.Kind,
-			Name:               o.Target.Name,
-			Found:              o.Found,
-			Replicas:           int32(o.replicas()),
-			Pods:               int32(len(o.Pods)),
-			HPA:                o.HPA,
-			PermitsPerPod:      int32(split.PerPod[i]),
-			SafeDefaultPermits: int32(split.SafeDefault[i]),
-			PodsSynced:         synced[o.Target.Name],
+			Kind:                o.Target.Kind,
+			Name:                o.Target.Name,
+			Found:               o.Found,
+			Replicas:            int32(o.replicas()),
+			Pods:                int32(len(o.Pods)),
+			HPA:                 o.HPA,
+			PermitsPerPod:       int32(split.PerPod[i]),
+			SafeDefaultPermits:  int32(split.SafeDefault[i]),
+			SafeDefaultReplicas: int32(o.maxReplicas()),
+			PodsSynced:          synced[o.Target.Name],
+		}
+		for j := range o.Pods {
+			if withoutAgent(&o.Pods[j]) {
+				noAgent = append(noAgent, o.Pods[j].Name)
+			}
 		}
 		if !o.Found {
 			missing = append(missing, fmt.Sprintf("%s/%s", o.Target.Kind, o.Target.Name))
@@ -64,7 +71,7 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	}
 	st.PerPod = strings.Join(perPod, ",")
 	if split.Weighted > 0 || len(split.SafeDefault) > 0 {
-		// The weight-1 safe default: Budget / Σ weight × maxReplicas.
+		// The weight-1 safe default: Budget / Σ weight × safeDefaultReplicas.
 		var weightedMax int64
 		for _, o := range obs {
 			weightedMax += int64(int32Or(o.Target.Weight, 1)) * o.maxReplicas()
@@ -100,12 +107,26 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 			"%d of %d permits assigned to %d pods", split.Assigned, dq.Spec.MaxInFlight, st.Pods))
 	}
 
+	sort.Strings(noAgent)
+	noAgentMsg := ""
+	if len(noAgent) > 0 {
+		noAgentMsg = fmt.Sprintf("%d pods have no agent the manager can find (no %s annotation, no container port %s): %s; they are counted at their share, but nothing enforces it",
+			len(noAgent), AgentPortAnnotation, AgentPortName, capNames(noAgent, maxNamesInMessage))
+		set(apportionv1.ConditionPodsWithoutAgent, true, ReasonAgentNotFound, noAgentMsg)
+	} else {
+		set(apportionv1.ConditionPodsWithoutAgent, false, "EveryPodHasAgent", "every pod with an IP has an agent")
+	}
+
 	ready, reason, msg := true, "Apportioned", fmt.Sprintf("%d pods, %s permits per pod", st.Pods, st.PerPod)
 	if report != nil {
-		if len(report.Unreachable) > 0 {
-			set(apportionv1.ConditionPodsReachable, false, "AgentsUnreachable",
+		switch {
+		case len(report.Unreachable) > 0:
+			set(apportionv1.ConditionPodsReachable, false, ReasonAgentsUnreachable,
 				fmt.Sprintf("agents not reachable: %s; their permits stay counted until their lease passes", strings.Join(report.Unreachable, ", ")))
-		} else {
+		case len(noAgent) > 0:
+			set(apportionv1.ConditionPodsReachable, false, ReasonAgentNotFound,
+				fmt.Sprintf("%d pods have no agent to reach: %s", len(noAgent), capNames(noAgent, maxNamesInMessage)))
+		default:
 			set(apportionv1.ConditionPodsReachable, true, "AllReachable", "every pod's agent answered")
 		}
 		switch {
@@ -114,6 +135,9 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		case !report.Converged:
 			ready, reason, msg = false, "Pushing", "some pods have not acknowledged their permits yet"
 		}
+	}
+	if len(noAgent) > 0 {
+		ready, reason, msg = false, apportionv1.ConditionPodsWithoutAgent, noAgentMsg
 	}
 	switch {
 	case len(missing) == len(obs):
@@ -142,6 +166,57 @@ func rebalanceMessage(before, after []apportionv1.TargetStatus) string {
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s: %d→%d pods, %d→%d permits per pod", t.Name, p.Replicas, t.Replicas, p.PermitsPerPod, t.PermitsPerPod))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Reasons of conditions and Events this controller sets (besides the API's).
+const (
+	ReasonAgentsUnreachable = "AgentsUnreachable"
+	// ReasonAgentNotFound: pods with an IP but no agent the manager can find.
+	ReasonAgentNotFound = "AgentNotFound"
+	// ReasonSafeDefaultChanged: the Event when a target's safe default changes.
+	ReasonSafeDefaultChanged = "SafeDefaultChanged"
+)
+
+// maxNamesInMessage caps the pod names a condition message lists (the count is always given).
+const maxNamesInMessage = 10
+
+// capNames joins names, at most n of them, and says how many more there are.
+func capNames(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+// findTarget is the status of target t in ts, or nil.
+func findTarget(ts []apportionv1.TargetStatus, t apportionv1.Target) *apportionv1.TargetStatus {
+	for i := range ts {
+		if ts[i].Kind == t.Kind && ts[i].Name == t.Name {
+			return &ts[i]
+		}
+	}
+	return nil
+}
+
+// safeDefaultMessage describes a change of safe defaults, e.g.
+// "gateway: 2→3 permits per pod (over 16→12 replicas)"; "" when nothing changed or there was
+// no earlier status.
+func safeDefaultMessage(before, after []apportionv1.TargetStatus) string {
+	var parts []string
+	for _, t := range after {
+		var p *apportionv1.TargetStatus
+		for i := range before {
+			if before[i].Kind == t.Kind && before[i].Name == t.Name {
+				p = &before[i]
+			}
+		}
+		if p == nil || p.SafeDefaultPermits == t.SafeDefaultPermits {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d→%d permits per pod (over %d→%d replicas)",
+			t.Name, p.SafeDefaultPermits, t.SafeDefaultPermits, p.SafeDefaultReplicas, t.SafeDefaultReplicas))
 	}
 	return strings.Join(parts, "; ")
 }

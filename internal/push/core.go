@@ -5,6 +5,7 @@ import (
 	"container/heap"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"reflect"
@@ -41,6 +42,8 @@ type core struct {
 	dirtyQ []*quotaState  // quotas that must be replanned
 	// changed collects quotas whose Report changed, for OnChange.
 	changed map[types.NamespacedName]struct{}
+	// events collects Events for OnEvent, in order.
+	events []Event
 
 	// afterPlan, when set (tests), sees every plan: its input and the grants it decided.
 	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
@@ -140,8 +143,22 @@ func (c *core) recovering(q *quotaState, now time.Time) bool {
 func (c *core) setQuota(d DesiredQuota, now time.Time) {
 	q := c.quotas[d.Key]
 	if q == nil {
-		q = &quotaState{key: d.Key, entries: map[types.UID]*entry{}}
+		q = &quotaState{key: d.Key, uid: d.UID, entries: map[types.UID]*entry{}}
 		c.quotas[d.Key] = q
+	}
+	if q.deleted || (d.UID != "" && q.uid != "" && d.UID != q.uid) {
+		// Deleted and created again (or replaced between two reconciles: a new UID under the same
+		// name). The agents know a downstream by the quota's name only, so the ledger of the old
+		// object goes on: pods that still hold its grants or run its calls stay counted until they
+		// drained or their lease passed, and the new object is planned on top, like a new quota.
+		c.log.Info("quota created again under the same name; its ledger carries what pods may still hold",
+			"quota", d.Key.String(), "uid", d.UID, "previousUID", q.uid, "wasDeleted", q.deleted)
+		if q.deleted {
+			c.reviveQuota(q, d, now)
+		}
+	}
+	if d.UID != "" {
+		q.uid = d.UID
 	}
 	q.desired = DesiredQuota{
 		Key:        d.Key,
@@ -168,11 +185,17 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		}
 		p.name = dp.Name
 		p.bootstrap = dp.Bootstrap
+		p.orphaned = false
 		if dp.Endpoint != p.endpoint {
 			p.endpoint = dp.Endpoint
 			if dp.Endpoint != "" {
 				if p.ipAt.IsZero() {
 					p.ipAt = now
+					if !dp.Since.IsZero() && dp.Since.Before(now) {
+						// The pod existed before this engine saw it: a previous manager (or this
+						// one, under a quota since deleted) may have configured it.
+						p.ipAt = dp.Since
+					}
 				}
 				p.failures, p.retryAt = 0, time.Time{} // a new address deserves a fresh try
 			}
@@ -230,29 +253,67 @@ func (c *core) updateGone(p *podState, now time.Time) {
 	}
 }
 
-// deleteQuota forgets a quota: its downstream is removed from every pod's assignment. A pod left
-// without any quota gets one last, empty assignment and is then forgotten.
+// deleteQuota takes a quota out of service: every pod of it is lowered to 0 permits, like a pod
+// the quota no longer lists, and its downstream stays in the pod's assignment until the ledger
+// counts nothing for it (the agent acknowledged 0 and its calls ended, or its lease and a request
+// timeout passed), then leaves it. Until then the quota's ledger lives on, so that a quota created
+// again under the same name (the agents know the downstream by that name) counts what the pods
+// may still hold of the deleted one. A pod left without any quota gets one last, empty
+// assignment and is then forgotten.
 func (c *core) deleteQuota(key types.NamespacedName, now time.Time) {
 	q := c.quotas[key]
-	if q == nil {
+	if q == nil || q.deleted {
 		return
+	}
+	q.deleted = true
+	for _, e := range q.entryList() {
+		if e.present {
+			e.present = false
+			c.markDirty(e.pod)
+		}
 	}
 	for _, e := range q.entryList() {
 		p := e.pod
-		delete(p.entries, key)
-		if len(p.entries) == 0 {
-			p.finalPush = true
-		} else {
-			c.updateGone(p, now)
+		if !p.present() {
+			p.finalPush, p.orphaned = true, true
 		}
-		c.markDirty(p)
+		c.updateGone(p, now)
 	}
-	delete(c.quotas, key)
-	delete(c.changed, key)
-	if c.m != nil {
-		c.m.forget(key)
-	}
+	c.markQuota(q)
 	c.flush(now)
+}
+
+// reviveQuota brings a deleted quota back into service (d is its new desired state). Its pods
+// that d does not list any more are now known to have left it: they are taken as gone from now
+// (they may have called until now, so their calls are counted for a request timeout from here).
+func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
+	q.deleted = false
+	listed := make(map[types.UID]bool, len(d.Pods))
+	for _, dp := range d.Pods {
+		listed[dp.UID] = true
+	}
+	for _, e := range q.entryList() {
+		p := e.pod
+		if listed[p.uid] || !p.orphaned {
+			continue
+		}
+		p.orphaned = false
+		if !p.present() {
+			p.goneAt = now
+		}
+		for _, pe := range p.entryList() {
+			c.markQuota(pe.q)
+		}
+	}
+}
+
+// forgetQuota drops a deleted quota once its ledger is empty.
+func (c *core) forgetQuota(q *quotaState) {
+	delete(c.quotas, q.key)
+	delete(c.changed, q.key)
+	if c.m != nil {
+		c.m.forget(q.key)
+	}
 }
 
 func (c *core) unreachable(p *podState) bool { return p.failures >= c.o.UnreachableAfter }
@@ -321,6 +382,10 @@ func (c *core) replan(q *quotaState, now time.Time) {
 		}
 		if released {
 			q.resort = true
+		}
+		if q.deleted && len(q.entries) == 0 {
+			c.forgetQuota(q)
+			return
 		}
 	}
 	if !next.IsZero() && !next.Equal(q.wakeAt) {
@@ -791,13 +856,20 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.o.DrainPoll)
 	switch {
-	case st.Epoch > c.epoch || (st.Epoch == c.epoch && st.Generation > p.gen):
+	case st.Epoch > c.epoch:
 		// Another manager has pushed to this agent since this one started: this engine is
-		// stale and must stop pushing anything anywhere.
+		// stale and must stop pushing anything anywhere. A higher epoch is the only evidence of
+		// that: epochs come from a counter that only grows (docs/protocol.md §9).
 		c.fenced, c.fencedBy = true, st.Epoch
 		c.log.Error(nil, "fenced: an agent holds a newer epoch; stopping", "pod", p.namespace+"/"+p.name,
 			"agentEpoch", st.Epoch, "agentGeneration", st.Generation, "epoch", c.epoch)
 		return
+	case st.Epoch == c.epoch && st.Generation > p.gen:
+		// A generation of this epoch the engine does not know: it forgot the pod after pushing to
+		// it (every quota of the pod was deleted, or the pod was given up as unreachable) and met
+		// it again. Only this engine pushes this epoch, so nobody else is involved: re-learn what
+		// the agent holds, count it like another manager's holding, and go on above it.
+		c.relearn(p, st, now)
 	case st.Epoch == c.epoch:
 		keep := p.versions[:0]
 		for _, v := range p.versions {
@@ -836,6 +908,42 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 			}
 		}
 	}
+}
+
+// relearn handles an agent that holds a generation of this epoch above every one the engine
+// has for the pod (see applyState). Nothing the engine has for the pod can land any more (the
+// agent refuses a lower generation), so its versions go. What the agent holds is counted like a
+// previous manager's holding: what it enforces surely and its permits as a bound until a lease
+// window from now has passed (a push this engine sent before it forgot the pod was sent before
+// now, so its lease ends by then) plus a request timeout, then its fallback. The pod's next
+// content is numbered above the agent's generation, so the agent accepts it; once it
+// acknowledges it the holding is replaced by what it reports.
+func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
+	c.log.Info("an agent holds a generation of this epoch the engine forgot; re-learning what it holds",
+		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.epoch)
+	for _, e := range p.entryList() {
+		c.events = append(c.events, Event{Quota: e.q.key, UID: e.q.uid, Warning: true, Reason: ReasonAgentRelearned,
+			Message: fmt.Sprintf("the agent of pod %s held generation %d of this manager's epoch, which the manager had forgotten "+
+				"(the pod left every quota, e.g. the quota was deleted, and came back); counted at what it holds and pushed again",
+				p.name, st.Generation)})
+	}
+	clear(p.versions)
+	p.versions = p.versions[:0]
+	p.gen, p.content = st.Generation, nil
+	p.ackedGen, p.okGen = 0, 0
+	p.foreign = nil
+	if st.Configured {
+		f := &foreignHold{
+			epoch:    st.Epoch,
+			leaseEnd: now.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL),
+			holds:    make(map[string]foreignDS, len(st.Downstreams)),
+		}
+		for _, d := range st.Downstreams {
+			f.holds[d.Name] = foreignDS{permits: d.Permits, effective: d.EffectivePermits}
+		}
+		p.foreign = f
+	}
+	c.markDirty(p)
 }
 
 // forgetProcess handles an agent that restarted (st comes from a new process). The old process's
@@ -1022,6 +1130,12 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 	if c.m != nil {
 		c.m.observe(q.key, ledger, int64(q.desired.Limit), unreachable)
 	}
+}
+
+func (c *core) takeEvents() []Event {
+	ev := c.events
+	c.events = nil
+	return ev
 }
 
 func (c *core) takeChanged() []types.NamespacedName {

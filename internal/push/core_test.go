@@ -2,6 +2,7 @@ package push
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -536,5 +537,119 @@ func TestMultipleQuotasShareOneAssignmentPerPod(t *testing.T) {
 	a := h.agent("http://p1").a
 	if len(a.Downstreams) != 2 || a.Downstreams[0].Name != "other" || a.Downstreams[0].Permits != 3 || a.Downstreams[1].Permits != 10 {
 		t.Fatalf("assignment %+v", a.Downstreams)
+	}
+}
+
+// Issue 20: deleting a quota and re-creating it (same name, same or another spec) must never
+// fence the engine. The agents still hold this epoch's generations of the deleted quota; the
+// re-created quota converges like a new one.
+func TestDeleteAndRecreateQuotaNeverFences(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		gap     time.Duration // between deletion and re-creation
+		respec  bool          // re-created with another limit and permits
+		rounds  int
+		settled bool // the deletion was pushed (empty assignments) before the re-creation
+	}{
+		{name: "at once", gap: 0, rounds: 1},
+		{name: "100ms", gap: 100 * time.Millisecond, rounds: 3},
+		{name: "1s settled", gap: time.Second, settled: true, rounds: 3},
+		{name: "10s settled, other spec", gap: 10 * time.Second, settled: true, respec: true, rounds: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := converged(t, quota(20, 2, 10, 3), nil)
+			for range tc.rounds {
+				h.c.deleteQuota(qKey, h.now)
+				h.check()
+				if tc.settled {
+					h.settle()
+				}
+				h.advance(tc.gap)
+				d := quota(20, 2, 10, 3)
+				if tc.respec {
+					d = quota(12, 2, 6, 2)
+				}
+				h.set(d)
+				h.runFor(2 * time.Second)
+				if h.c.fenced {
+					t.Fatalf("fenced by a re-created quota")
+				}
+				r := h.report("ns", "q")
+				if !r.Converged {
+					t.Fatalf("not converged after re-creation: %+v", r)
+				}
+				want := int32(10)
+				if tc.respec {
+					want = 6
+				}
+				for _, ep := range []string{"http://p0", "http://p1"} {
+					if got := h.agent(ep).limit("q", h.now); got != want {
+						t.Fatalf("%s holds %d, want %d", ep, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A pod that still runs calls of the deleted quota's downstream is counted by the re-created
+// quota until they ended: the re-created quota grants new pods only from room the old calls left.
+func TestRecreatedQuotaCountsCallsOfTheDeletedOne(t *testing.T) {
+	h := converged(t, quota(20, 2, 10, 3), nil)
+	p0 := h.agent("http://p0")
+	p0.inflight["q"] = 10 // ten calls running, each may last RT
+	h.c.deleteQuota(qKey, h.now)
+	h.settle()
+	// The agent still reports the calls; the deleted quota keeps p0 counted until they end, and
+	// the re-created quota (three pods at 6) plans on top of them.
+	h.set(quota(20, 3, 6, 3))
+	h.runFor(time.Second)
+	r := h.report("ns", "q")
+	if got := r.Holdings[0].Counted; got < 10 {
+		t.Fatalf("p0 counted %d while 10 calls run: %+v", got, r.Holdings)
+	}
+	if r.Ledger > 20 {
+		t.Fatalf("ledger %d > 20: %+v", r.Ledger, r.Holdings)
+	}
+	if g := grants(r); g["p2"] > 20-10-6 {
+		t.Fatalf("p2 granted %d beside 10 running calls and p1's 6: %v", g["p2"], g)
+	}
+	delete(p0.inflight, "q")
+	h.runFor(time.Second)
+	if r := h.report("ns", "q"); !r.Converged || h.c.fenced || grants(r)["p2"] != 6 {
+		t.Fatalf("not converged once the calls ended: %+v", r)
+	}
+}
+
+// An agent that holds a generation of this epoch the engine does not know (the engine forgot the
+// pod) is re-learned, counted at what it holds, and pushed a higher generation: never fenced.
+func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
+	h := newHarness(t, nil)
+	a := newModelAgent()
+	h.agents["http://p0"] = a
+	h.begin(3)
+	// The agent holds generation 7 of this epoch with 9 permits: pushed by this engine to a pod it
+	// has since forgotten.
+	old := &assignment.Assignment{Epoch: 3, Generation: 7, LeaseTTL: assignment.Duration(hTTL), Downstreams: []assignment.Downstream{template("q")}}
+	old.Downstreams[0].Permits, old.Downstreams[0].SafeDefaultPermits = 9, 3
+	if _, err := a.put(old, h.now); err != nil {
+		t.Fatal(err)
+	}
+	h.set(quota(12, 2, 6, 3))
+	h.settle()
+	if h.c.fenced {
+		t.Fatalf("fenced by an agent of the same epoch")
+	}
+	if a.gen <= 7 || a.epoch != 3 {
+		t.Fatalf("agent holds e%d g%d, want generation above 7", a.epoch, a.gen)
+	}
+	if evs := h.c.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
+		!strings.Contains(evs[0].Message, "pod p0 held generation 7") {
+		t.Fatalf("events %+v, want one AgentRelearned for p0", evs)
+	}
+	h.runFor(hWin + hRT + time.Second)
+	r := h.report("ns", "q")
+	if !r.Converged || h.agent("http://p0").limit("q", h.now) != 6 || h.agent("http://p1").limit("q", h.now) != 6 {
+		t.Fatalf("not converged: %+v", r)
 	}
 }

@@ -42,6 +42,7 @@ type Engine struct {
 
 	nmu      sync.Mutex
 	nset     map[types.NamespacedName]struct{}
+	nevents  []Event
 	notifyCh chan struct{}
 }
 
@@ -147,7 +148,10 @@ func (e *Engine) SetQuota(d DesiredQuota) {
 	e.afterLocked()
 }
 
-// DeleteQuota forgets a quota and removes its downstream from every pod's assignment.
+// DeleteQuota takes a quota out of service: its pods are lowered to 0 permits, and its
+// downstream leaves each pod's assignment once the pod counts nothing for it any more (calls
+// ended, lease passed). Until then its ledger lives on, and a quota set again under the same key
+// (deleted and re-created) goes on from it.
 func (e *Engine) DeleteQuota(key types.NamespacedName) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -199,11 +203,19 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
-	if keys := e.c.takeChanged(); len(keys) > 0 && e.o.OnChange != nil {
+	keys, evs := e.c.takeChanged(), e.c.takeEvents()
+	if e.o.OnChange == nil {
+		keys = nil
+	}
+	if e.o.OnEvent == nil {
+		evs = nil
+	}
+	if len(keys) > 0 || len(evs) > 0 {
 		e.nmu.Lock()
 		for _, k := range keys {
 			e.nset[k] = struct{}{}
 		}
+		e.nevents = append(e.nevents, evs...)
 		e.nmu.Unlock()
 		select {
 		case e.notifyCh <- struct{}{}:
@@ -318,7 +330,15 @@ func (e *Engine) notifier(ctx context.Context) {
 			keys = append(keys, k)
 		}
 		clear(e.nset)
+		evs := e.nevents
+		e.nevents = nil
 		e.nmu.Unlock()
+		for _, ev := range evs {
+			if ctx.Err() != nil {
+				return
+			}
+			e.o.OnEvent(ev)
+		}
 		for _, k := range keys {
 			if ctx.Err() != nil {
 				return

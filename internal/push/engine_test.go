@@ -400,3 +400,24 @@ func metricValue(c prometheus.Collector) float64 {
 	}
 	return 0
 }
+
+// docs/protocol.md §8b: an epoch below 1 from the epoch source stops Start with an error (the
+// manager exits); it is never pushed.
+func TestEngineStartRefusesAnEpochBelowOne(t *testing.T) {
+	for _, epoch := range []int64{0, -3} {
+		e, err := New(Options{
+			Client: NewSigningClient(nil, testKeys(t)),
+			Epoch:  EpochFunc(func(context.Context) (int64, error) { return epoch, nil }),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = e.Start(t.Context())
+		if err == nil || !strings.Contains(err.Error(), "epoch source returned") {
+			t.Fatalf("epoch %d: Start returned %v", epoch, err)
+		}
+		if e.Epoch() != 0 {
+			t.Fatalf("epoch %d: the engine took epoch %d", epoch, e.Epoch())
+		}
+	}
+}

@@ -67,6 +67,8 @@ type foreignDS struct {
 // quotaState is one DownstreamQuota's desired state and ledger.
 type quotaState struct {
 	key     types.NamespacedName
+	uid     types.UID    // of the DownstreamQuota object last set; "" when not given
+	deleted bool         // the object was deleted; the ledger lives on until it counts nothing
 	desired DesiredQuota // deep copy; Pods is not kept
 	maxRT   time.Duration
 	entries map[types.UID]*entry
@@ -124,12 +126,16 @@ type podState struct {
 	name      string
 	namespace string
 	endpoint  string
-	ipAt      time.Time // when this engine first saw it with an endpoint; zero if never
+	ipAt      time.Time // when this engine first saw it with an endpoint (DesiredPod.Since if earlier); zero if never
 	bootstrap bool      // DesiredPod.Bootstrap
 	entries   map[types.NamespacedName]*entry
 	goneAt    time.Time // when the pod stopped being listed by any quota; zero while listed
 	finalPush bool      // every quota of the pod was deleted: push it an empty assignment, then forget it
-	removed   bool
+	// orphaned: the pod left every quota only because they were deleted, not because the
+	// controller stopped listing it: it is alive as far as the engine knows, and its agent keeps
+	// what it holds (its fallback included) until it acknowledges something lower. Not gone.
+	orphaned bool
+	removed  bool
 
 	gen     int64                  // generation of content
 	content *assignment.Assignment // what the pod should hold now; nil before the epoch is known
@@ -206,7 +212,7 @@ func (p *podState) version(gen int64) *version {
 func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time.Time) {
 	p := e.pod
 	name := e.q.key.Name
-	gone := !p.goneAt.IsZero()
+	gone := !p.goneAt.IsZero() && !p.orphaned
 	window := c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL
 	// count adds val while now < end (forever when end is zero) and notes when it drops.
 	count := func(val int32, end time.Time) {

@@ -27,6 +27,10 @@ type modelAgent struct {
 	inflight map[string]int32
 	calls    []modelCall
 	requests map[string]int64 // calls started, per downstream, since this process started
+	// inc counts, per downstream, how often an assignment removed it: a removed downstream's
+	// calls run on at the downstream but are no longer reported, and one added again starts
+	// from an empty semaphore and zero counters, as in package enforce.
+	inc map[string]int
 }
 
 type modelCall struct {
@@ -37,7 +41,7 @@ type modelCall struct {
 func newModelAgent() *modelAgent {
 	// Every model process has an instance id of its own, as real agents do; tests may clear it
 	// to model agents that do not report one.
-	return &modelAgent{instance: fmt.Sprintf("m%d", modelInstances.Add(1)), inflight: map[string]int32{}, requests: map[string]int64{}}
+	return &modelAgent{instance: fmt.Sprintf("m%d", modelInstances.Add(1)), inflight: map[string]int32{}, requests: map[string]int64{}, inc: map[string]int{}}
 }
 
 var modelInstances atomic.Int64
@@ -97,6 +101,16 @@ func (m *modelAgent) put(a *assignment.Assignment, now time.Time) (*assignment.S
 	if a.Epoch < m.epoch || (a.Epoch == m.epoch && a.Generation < m.gen) ||
 		(a.Instance != "" && a.Instance != m.instance) {
 		return nil, &assignment.StaleError{State: *m.state(now)}
+	}
+	if m.a != nil {
+		for _, d := range m.a.Downstreams {
+			if !slices.ContainsFunc(a.Downstreams, func(n assignment.Downstream) bool { return n.Name == d.Name }) {
+				m.inc[d.Name]++
+				m.calls = slices.DeleteFunc(m.calls, func(c modelCall) bool { return c.ds == d.Name })
+				delete(m.inflight, d.Name)
+				delete(m.requests, d.Name)
+			}
+		}
 	}
 	m.epoch, m.gen, m.configured, m.a, m.acceptedAt = a.Epoch, a.Generation, true, a, now
 	return m.state(now), nil

@@ -92,6 +92,10 @@ type Options struct {
 	// coalesced while it is busy, so it may block (e.g. sending to the controllers' channels for
 	// source.Channel); Start does not wait for it to return.
 	OnChange func(types.NamespacedName)
+	// OnEvent is called for each Event the engine raises about a quota (an inconsistency it
+	// handled by itself, e.g. an agent holding a generation the engine had forgotten), on the
+	// same goroutine as OnChange, in order. The manager turns them into Kubernetes Events.
+	OnEvent func(Event)
 	// Registry receives the engine's metrics; nil registers none.
 	Registry prometheus.Registerer
 

@@ -45,6 +45,7 @@ func TestLedgerProperty(t *testing.T) {
 }
 
 type propPod struct {
+	born        time.Time
 	name        string
 	uid         types.UID
 	endpoint    string
@@ -63,6 +64,7 @@ type propAgent struct {
 
 type propCall struct {
 	proc int
+	inc  int // the downstream's incarnation at the agent (modelAgent.inc) when the call started
 	end  time.Time
 }
 
@@ -95,6 +97,8 @@ func runProperty(t *testing.T, seed uint64) {
 		inflight []pending
 		landings []landing
 		epoch    = int64(1 + rng.IntN(5))
+		live     = true // the DownstreamQuota exists
+		uidN     = 0    // its object's incarnation: a new UID on every re-creation
 		step     int
 		lastMsg  string
 		start    = h.now
@@ -115,10 +119,10 @@ func runProperty(t *testing.T, seed uint64) {
 				if !h.now.Before(c.end) {
 					continue
 				}
-				if c.proc == ag.proc && !ag.cur.dead {
+				if c.proc == ag.proc && !ag.cur.dead && c.inc == ag.cur.inc["q"] {
 					own++
 				} else {
-					sum++ // an old process's or a deleted pod's call, still running
+					sum++ // an old process's, a deleted pod's or a removed downstream's call, still running
 				}
 			}
 			if !ag.cur.dead {
@@ -177,6 +181,9 @@ func runProperty(t *testing.T, seed uint64) {
 					}
 				}
 				lim := ag.cur.limit("q", h.now)
+				if tracePod == p.name {
+					t.Logf("  %s calls %+v inc %d proc %d", p.name, ag.calls, ag.cur.inc["q"], ag.proc)
+				}
 				if own+other > 0 || lim > 0 {
 					t.Logf("  %s listed=%v term=%v dead=%v e%d g%d limit=%d own=%d other=%d leaseValid=%v accepted=+%s", p.name, p.listed, p.terminating, ag.cur.dead,
 						ag.cur.epoch, ag.cur.gen, lim, own, other, ag.cur.leaseValid(h.now), ag.cur.acceptedAt.Sub(t0))
@@ -190,7 +197,7 @@ func runProperty(t *testing.T, seed uint64) {
 
 	newPod := func() *propPod {
 		i := len(pods)
-		p := &propPod{name: fmt.Sprintf("p%d", i), uid: types.UID(fmt.Sprintf("uid-%d-%d", seed, i)), endpoint: fmt.Sprintf("http://p%d", i), hasIP: rng.IntN(4) > 0, listed: true,
+		p := &propPod{born: h.now, name: fmt.Sprintf("p%d", i), uid: types.UID(fmt.Sprintf("uid-%d-%d", seed, i)), endpoint: fmt.Sprintf("http://p%d", i), hasIP: rng.IntN(4) > 0, listed: true,
 			sd: rng.Int32N(limit/6 + 1)} // a pod's safe default is stable (it changes with the spec only)
 		pods = append(pods, p)
 		agents[p.endpoint] = &propAgent{cur: newModelAgent()}
@@ -198,7 +205,7 @@ func runProperty(t *testing.T, seed uint64) {
 		return p
 	}
 	desired := func() DesiredQuota {
-		d := DesiredQuota{Key: qKey, Limit: limit, Downstream: template("q")}
+		d := DesiredQuota{Key: qKey, UID: types.UID(fmt.Sprintf("dq-%d", uidN)), Limit: limit, Downstream: template("q")}
 		d.Downstream.RequestTimeout = assignment.Duration(hRT)
 		var live []*propPod
 		for _, p := range pods {
@@ -231,7 +238,7 @@ func runProperty(t *testing.T, seed uint64) {
 				ep = p.endpoint
 			}
 			d.Pods = append(d.Pods, DesiredPod{Name: p.name, UID: p.uid, Target: "web", Endpoint: ep,
-				Permits: p.permits, SafeDefault: p.sd, Terminating: p.terminating})
+				Permits: p.permits, SafeDefault: p.sd, Terminating: p.terminating, Since: p.born})
 		}
 		return d
 	}
@@ -239,7 +246,7 @@ func runProperty(t *testing.T, seed uint64) {
 	deliver := func(endpoint string, proc int, a *assignment.Assignment) (*assignment.State, error) {
 		ag := agents[endpoint]
 		if tracePod != "" && endpoint == "http://"+tracePod {
-			t.Logf("  step %d +%s deliver e%d g%d permits %d to agent(e%d g%d dead %v)", step, since(), a.Epoch, a.Generation, a.Downstreams[0].Permits, ag.cur.epoch, ag.cur.gen, ag.cur.dead)
+			t.Logf("  step %d +%s deliver e%d g%d permits %d to agent(e%d g%d dead %v)", step, since(), a.Epoch, a.Generation, permitsOf(a), ag.cur.epoch, ag.cur.gen, ag.cur.dead)
 		}
 		if ag.cur.dead || ag.proc != proc {
 			return nil, errors.New("connection reset") // the process it was sent to is gone
@@ -251,7 +258,7 @@ func runProperty(t *testing.T, seed uint64) {
 		w := p.w
 		if tracePod != "" && w.endpoint == "http://"+tracePod {
 			if w.a != nil {
-				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.a.Epoch, w.a.Generation, w.a.Downstreams[0].Permits, how)
+				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.a.Epoch, w.a.Generation, permitsOf(w.a), how)
 			} else {
 				t.Logf("  step %d +%s %s: outcome %d", step, since(), w.kind, how)
 			}
@@ -359,7 +366,7 @@ func runProperty(t *testing.T, seed uint64) {
 					break
 				}
 				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(hRT))))
-				ag.calls = append(ag.calls, propCall{proc: ag.proc, end: end})
+				ag.calls = append(ag.calls, propCall{proc: ag.proc, inc: ag.cur.inc["q"], end: end})
 				ag.cur.calls = append(ag.cur.calls, modelCall{ds: "q", end: end})
 				ag.cur.requests["q"]++
 			}
@@ -373,34 +380,52 @@ func runProperty(t *testing.T, seed uint64) {
 	h.c.begin(epoch, h.now)
 	h.check()
 
+	setQ := func() {
+		if live {
+			h.c.setQuota(desired(), h.now)
+		}
+	}
 	for step = 0; step < 500; step++ {
 		r := rng.IntN(100)
 		switch {
+		case r < 2:
+			lastMsg = "quota deleted"
+			if live {
+				live = false
+				h.c.deleteQuota(qKey, h.now)
+			}
+		case r < 4:
+			lastMsg = "quota created again"
+			if !live || rng.IntN(2) == 0 { // or replaced between two reconciles: only the UID tells
+				live = true
+				uidN++
+				setQ()
+			}
 		case r < 10:
 			lastMsg = "new desired permits"
-			h.c.setQuota(desired(), h.now)
+			setQ()
 		case r < 14:
 			lastMsg = "scale out"
 			newPod()
-			h.c.setQuota(desired(), h.now)
+			setQ()
 		case r < 17:
 			lastMsg = "pod terminating"
 			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && !p.terminating }); p != nil {
 				p.terminating = true
-				h.c.setQuota(desired(), h.now)
+				setQ()
 			}
 		case r < 20:
 			lastMsg = "pod deleted"
 			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && (p.terminating || rng.IntN(3) == 0) }); p != nil {
 				p.listed = false
 				agents[p.endpoint].cur.dead = true
-				h.c.setQuota(desired(), h.now)
+				setQ()
 			}
 		case r < 22:
 			lastMsg = "pod gets its IP"
 			if p := pick(rng, pods, func(p *propPod) bool { return p.listed && !p.hasIP }); p != nil {
 				p.hasIP = true
-				h.c.setQuota(desired(), h.now)
+				setQ()
 			}
 		case r < 25:
 			lastMsg = "partition"
@@ -443,7 +468,7 @@ func runProperty(t *testing.T, seed uint64) {
 			h.c.afterPlan = planHook
 			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
 			epoch += int64(1 + rng.IntN(3))
-			h.c.setQuota(desired(), h.now)
+			setQ()
 			h.c.begin(epoch, h.now)
 		case r < 55:
 			lastMsg = "start requests"
@@ -477,6 +502,11 @@ func runProperty(t *testing.T, seed uint64) {
 	}
 	// Liveness: healed and quiet, everything converges.
 	clear(parted)
+	if !live {
+		live = true
+		uidN++
+		setQ()
+	}
 	for range 200 {
 		tick(100 * time.Millisecond)
 		for h.c.hasReady() {
@@ -490,7 +520,12 @@ func runProperty(t *testing.T, seed uint64) {
 		inflight = inflight[:0]
 	}
 	tick(hWin + hRT + time.Second)
-	for range 50 {
+	// A grant decided during that quiet spell may meet an agent that restarted unnoticed: its old
+	// process is carried for a request timeout before the new one gets the room. Allow for it.
+	for i := 0; i < int((hRT+10*time.Second)/(100*time.Millisecond)); i++ {
+		if i >= 50 && h.c.report(qKey, h.now).Converged {
+			break
+		}
 		tick(100 * time.Millisecond)
 		for h.c.hasReady() {
 			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
@@ -528,3 +563,13 @@ type fatalHook struct {
 
 func (f *fatalHook) Fatalf(format string, args ...any) { f.fail(fmt.Sprintf(format, args...)) }
 func (f *fatalHook) Helper()                           {}
+
+// permitsOf is the permits of downstream "q" in a, -1 when a has none (for traces).
+func permitsOf(a *assignment.Assignment) int32 {
+	for _, d := range a.Downstreams {
+		if d.Name == "q" {
+			return d.Permits
+		}
+	}
+	return -1
+}

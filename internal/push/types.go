@@ -13,6 +13,9 @@ import (
 type DesiredQuota struct {
 	// Key names the DownstreamQuota.
 	Key types.NamespacedName
+	// UID is the DownstreamQuota object's UID: a new UID under a known Key is a quota deleted and
+	// created again (logged; the ledger of the old object goes on, see Engine.DeleteQuota).
+	UID types.UID
 	// Generation is the DownstreamQuota's metadata.generation, for status.
 	Generation int64
 	// Limit is the global in-flight limit: no pod is raised unless Σ ledger ≤ Limit after it.
@@ -50,6 +53,11 @@ type DesiredPod struct {
 	RateBurst     int32
 	// Terminating is true once the pod has a deletionTimestamp.
 	Terminating bool
+	// Since is when the pod came to exist (its creationTimestamp); zero if unknown. A pod that
+	// existed before this engine started may hold what a previous manager gave it, even when the
+	// engine first hears of it later (its quota was deleted while the manager restarted, then
+	// created again): until its agent answers it is counted at its safe default.
+	Since time.Time
 	// Bootstrap is true when the pod's agent runs with a --bootstrap file: it may call on its
 	// safe default before it ever answered, so it is counted at that until it does.
 	Bootstrap bool
@@ -98,3 +106,23 @@ type Holding struct {
 	// Gone is true for a pod no longer listed in the quota that is still counted.
 	Gone bool
 }
+
+// Event is something about one quota that a person should see (the manager records it as a
+// Kubernetes Event on the DownstreamQuota): an inconsistency the engine handled by itself.
+type Event struct {
+	Quota types.NamespacedName
+	// UID is the DownstreamQuota's UID as last set ("" if never given).
+	UID types.UID
+	// Warning is true for a Warning Event, false for a Normal one.
+	Warning bool
+	Reason  string // CamelCase, e.g. ReasonAgentRelearned
+	Message string
+}
+
+// Event reasons.
+const (
+	// ReasonAgentRelearned: an agent held a generation of this manager's epoch that the engine
+	// had forgotten (its pod left every quota, e.g. the quota was deleted, and came back). The
+	// engine counted what it held and pushed it again; nothing stopped.
+	ReasonAgentRelearned = "AgentRelearned"
+)

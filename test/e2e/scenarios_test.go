@@ -2,13 +2,22 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -413,4 +422,123 @@ func TestScaleOutWhileDraining(t *testing.T) {
 		t.Logf("the downstream's first 429 came %s after the HPA's decision", at[0].Sub(decided).Round(time.Millisecond))
 	}
 	finish(t, s, s.Started)
+}
+
+// TestQuotaDeletedAndCreatedAgain (issue 20): under load, `kubectl delete dq` and `kubectl apply`
+// of it again 0.1 s, 1 s and 10 s later (the second time with another safety factor). Agents
+// still hold this manager's generations of the deleted quota when it comes back; that must never
+// stop the manager, the re-created quota converges like a new one, and meanwhile the calls to
+// it are refused like every other refusal (X-Apportion-Fallback, X-Apportion-Reason).
+func TestQuotaDeletedAndCreatedAgain(t *testing.T) {
+	s := scenario(t, harness.ScenarioConfig{})
+	ctx := t.Context()
+	start := time.Now()
+	mustConverge(t, ctx, s)
+	pid, starts := s.Manager.Pid(), s.Manager.Starts()
+	for i, gap := range []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second} {
+		old, err := s.Quota(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		factor := int32(80)
+		if i == 1 {
+			factor = 60 // another spec
+		}
+		dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Namespace: old.Namespace, Name: old.Name}, Spec: *old.Spec.DeepCopy()}
+		dq.Spec.SafetyFactorPercent = factor
+		if err := s.Env.CP.Client.Delete(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		t.Logf("deleted %s/%s (uid %s); creating it again in %s", old.Namespace, old.Name, old.UID, gap)
+		if gap >= 10*time.Second {
+			// Once the pods drained, their agents no longer know the downstream: 404, refused like
+			// every other refusal.
+			if err := waitUnknownDownstream(ctx, s, gap-time.Second); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("the agents answer 404 unknown-downstream %s after the deletion", time.Since(deleted).Round(time.Millisecond))
+		}
+		_ = sleep(ctx, time.Until(deleted.Add(gap)))
+		if err := s.Env.CP.Client.Create(ctx, dq); err != nil {
+			t.Fatal(err)
+		}
+		s.Cfg.FactorPercent = factor
+		t0 := time.Now()
+		mustConverge(t, ctx, s)
+		t.Logf("created again (uid %s), factor %d%%: %d pods × %d permits after %s", dq.UID, factor,
+			len(s.Workload.Pods()), s.PerPod(int32(len(s.Workload.Pods()))), time.Since(t0).Round(time.Millisecond))
+		if !s.Manager.Running() || s.Manager.Pid() != pid || s.Manager.Starts() != starts {
+			t.Fatalf("the manager stopped (running %v, pid %d → %d, starts %d → %d): see %s",
+				s.Manager.Running(), pid, s.Manager.Pid(), starts, s.Manager.Starts(), s.Manager.LogPath)
+		}
+	}
+	// After the 10 s gap the manager had forgotten the pods (their agents got an empty
+	// assignment); meeting them again it re-learned them and said so on the quota.
+	if err := waitEvent(ctx, s, "AgentRelearned", 15*time.Second); err != nil {
+		t.Error(err)
+	}
+	_ = sleep(ctx, time.Second)
+	if !s.Manager.Running() {
+		t.Fatalf("the manager exited: %v", s.Manager.ExitErr())
+	}
+	if b, err := os.ReadFile(s.Manager.LogPath); err == nil && strings.Contains(string(b), "fenced") {
+		t.Errorf("the manager logged a fencing: see %s", s.Manager.LogPath)
+	}
+	finish(t, s, start)
+}
+
+// waitUnknownDownstream waits until one agent answers a call to the (deleted) quota with the
+// 404 refusal, and checks its headers.
+func waitUnknownDownstream(ctx context.Context, s *harness.Scenario, within time.Duration) error {
+	a := s.Workload.Agent(s.Workload.Pods()[0])
+	c := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(within)
+	var last string
+	for {
+		resp, err := c.Get(a.DataURL(s.Cfg.Quota) + "/probe")
+		if err != nil {
+			last = err.Error()
+		} else {
+			last = resp.Status
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNotFound {
+				if f, r := resp.Header.Get("X-Apportion-Fallback"), resp.Header.Get("X-Apportion-Reason"); f != "reject" || r != "unknown-downstream" ||
+					resp.Header.Get("Content-Type") != "application/problem+json" {
+					return fmt.Errorf("404 for a deleted quota with X-Apportion-Fallback %q, X-Apportion-Reason %q, Content-Type %q",
+						f, r, resp.Header.Get("Content-Type"))
+				}
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no 404 for the deleted quota within %s (last: %s)", within, last)
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// waitEvent waits for an Event with the reason about the scenario's quota.
+func waitEvent(ctx context.Context, s *harness.Scenario, reason string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var evs eventsv1.EventList
+		if err := s.Env.CP.Client.List(ctx, &evs, client.InNamespace(s.Cfg.Namespace)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == reason && e.Regarding.Kind == "DownstreamQuota" && e.Regarding.Name == s.Cfg.Quota {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %s Event on the quota within %s", reason, within)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }

@@ -55,6 +55,17 @@ type problem struct {
 	Downstream string `json:"downstream,omitempty"`
 }
 
+// writeRefusal answers a call the agent refuses before any fallback applies (no assignment
+// yet, unknown downstream) like every other refusal: the problem, with X-Apportion-Fallback:
+// reject and X-Apportion-Reason (the code's slug, e.g. unknown-downstream), so that clients and
+// logs tell it from a downstream's answer.
+func writeRefusal(w http.ResponseWriter, status int, code, title, detail, downstream string) {
+	hd := w.Header()
+	hd.Set(fallback.HeaderFallback, "reject")
+	hd.Set(fallback.HeaderReason, codeSlug(code))
+	writeProblem(w, status, code, title, detail, downstream)
+}
+
 func writeProblem(w http.ResponseWriter, status int, code, title, detail, downstream string) {
 	b, _ := json.Marshal(problem{
 		Type: fallback.ProblemTypePrefix + codeSlug(code), Title: title, Status: status,

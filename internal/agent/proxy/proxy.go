@@ -200,13 +200,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// No assignment yet (or shutting down): the downstream may well exist, it is just not
 		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404.
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, http.StatusServiceUnavailable, CodeNotConfigured, "Agent not configured",
+		writeRefusal(w, http.StatusServiceUnavailable, CodeNotConfigured, "Agent not configured",
 			"the agent has no assignment from the manager yet; no call is forwarded until it has one", name)
 		return
 	}
 	if ds == nil {
-		writeProblem(w, http.StatusNotFound, CodeUnknownDownstream, "Unknown downstream",
-			"no downstream called "+quote(name)+" is configured; call http://127.0.0.1:PORT/<downstream>/<path>", "")
+		// Not (or no longer) a DownstreamQuota this pod belongs to: a deleted quota ends here
+		// once its pods' calls drained. Answered like every other refusal.
+		writeRefusal(w, http.StatusNotFound, CodeUnknownDownstream, "Unknown downstream",
+			"no downstream called "+quote(name)+" is configured for this pod (no DownstreamQuota of that name lists its workload, or it was deleted); call http://127.0.0.1:PORT/<downstream>/<path>", name)
 		return
 	}
 	now := h.clock.Now()

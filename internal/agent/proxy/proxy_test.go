@@ -19,6 +19,7 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -259,16 +260,31 @@ func TestForwarding(t *testing.T) {
 func TestUnknownDownstream(t *testing.T) {
 	a := newAgent(t, nil)
 	// Before any assignment, nothing is known: 503 not-configured rather than a misleading 404.
-	if r := a.do(t, http.MethodGet, "/nope/x"); r.status != 503 || problemCode(r) != CodeNotConfigured || r.header.Get("Retry-After") != "1" {
-		t.Errorf("unconfigured GET = %d %s", r.status, r.body)
+	// Both answers carry the headers of every other refusal.
+	refusal := func(r result, reason string) bool {
+		return r.header.Get("Content-Type") == "application/problem+json" &&
+			r.header.Get(fallback.HeaderFallback) == "reject" && r.header.Get(fallback.HeaderReason) == reason
+	}
+	if r := a.do(t, http.MethodGet, "/nope/x"); r.status != 503 || problemCode(r) != CodeNotConfigured || r.header.Get("Retry-After") != "1" ||
+		!refusal(r, "not-configured") {
+		t.Errorf("unconfigured GET = %d %v %s", r.status, r.header, r.body)
 	}
 	_, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {})
 	a.apply(t, nil, downstream("known", up.URL, 4))
 	for _, p := range []string{"/nope/x", "/", ""} {
 		r := a.do(t, http.MethodGet, p)
-		if r.status != 404 || problemCode(r) != CodeUnknownDownstream {
-			t.Errorf("GET %q = %d %s", p, r.status, r.body)
+		if r.status != 404 || problemCode(r) != CodeUnknownDownstream || !refusal(r, "unknown-downstream") {
+			t.Errorf("GET %q = %d %v %s", p, r.status, r.header, r.body)
 		}
+	}
+	// A deleted quota: the manager's assignment no longer has the downstream.
+	if r := a.do(t, http.MethodGet, "/known/x"); r.status != 200 {
+		t.Fatalf("GET /known/x = %d %s", r.status, r.body)
+	}
+	a.apply(t, nil)
+	if r := a.do(t, http.MethodPost, "/known/x"); r.status != 404 || problemCode(r) != CodeUnknownDownstream || !refusal(r, "unknown-downstream") ||
+		!strings.Contains(r.body, `"downstream":"known"`) {
+		t.Errorf("POST to a removed downstream = %d %v %s", r.status, r.header, r.body)
 	}
 }
 
