@@ -53,7 +53,7 @@ type Call struct {
 	Outcome    Outcome
 }
 
-// PartnerCall is one call the partner admitted (not answered 429) and how long it held it.
+// PartnerCall is one call the partner admitted (not answered 429) and how long it held its slot.
 type PartnerCall struct {
 	At      time.Duration
 	Latency time.Duration
@@ -122,8 +122,8 @@ type Summary struct {
 	RefusalP99 time.Duration `json:"refusalP99"`
 	// AppP99 is the 99th percentile of every call's duration, as the app saw it.
 	AppP99 time.Duration `json:"appP99"`
-	// PartnerMean and PartnerP99 are the admitted calls' latencies at the partner: the
-	// calibration, measured.
+	// PartnerMean and PartnerP99 are how long the partner held its admitted calls: the
+	// calibrated latency as this machine delivered it.
 	PartnerMean time.Duration `json:"partnerMean"`
 	PartnerP99  time.Duration `json:"partnerP99"`
 }

@@ -10,7 +10,7 @@ import (
 
 // tableHeader names the comparison table's columns (terminal, Markdown and HTML alike).
 var tableHeader = []string{"phase", "run", "calls/s", "429s at partner", "partner peak / limit", "goodput 2xx/s",
-	"fallback", "refusal p50 / p99", "app p99", "partner mean / p99"}
+	"fallback", "refusal p50 / p99", "app p99", "partner held mean / p99"}
 
 // cells formats one row of the comparison table.
 func (r *Report) cells(row Row) []string {
