@@ -70,6 +70,10 @@ vet: ## Run go vet.
 lint: golangci-lint ## Run golangci-lint (waits for another run in progress instead of failing).
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 
+.PHONY: chromium
+chromium: ## Install Debian's chromium (the demo report's rendering test) when missing.
+	@hack/chromium.sh >/dev/null
+
 .PHONY: envtest
 envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside the clone).
 	@hack/envtest-assets.sh >/dev/null
@@ -77,8 +81,8 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside t
 ##@ Test
 
 .PHONY: test
-test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, bounded fuzz.
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -race -count=1 ./...
+test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, demo report in Chromium, bounded fuzz.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" CHROMIUM="$$(hack/chromium.sh)" go test -race -count=1 ./...
 	$(MAKE) fuzz
 
 .PHONY: fuzz
@@ -111,7 +115,7 @@ run: manifests ## Run the manager against the cluster of the current kubeconfig.
 	go run ./cmd/manager
 
 .PHONY: demo
-demo: ## The main job on an embedded local control plane: scale a workload and watch its permits.
+demo: ## The 429 storm without and with Apportion (real manager and agents); writes dist/demo/report.html and CSVs.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go run ./hack/demo
 
 .PHONY: build-installer

@@ -1,36 +1,69 @@
-// Command demo runs Apportion's main job on one machine (`make demo`): a local control plane
-// (envtest's kube-apiserver and etcd, from KUBEBUILDER_ASSETS), the CRDs, the real manager, the
-// sample scenario of config/samples (the `logistics` DownstreamQuota, global limit 50, shared by
-// the `gateway` Deployment and its HPA), real agents on loopback addresses, and a test
-// downstream that answers 429 beyond 50 calls in flight. It sends steady load through the
-// agents, plays the HPA's decisions 8 → 10 → 16 → 4 and prints, per step, what every pod
-// enforces, what is in flight, the downstream's peak and its 429s, and `kubectl get dq`.
+// Command demo replays the incident that Apportion exists for (`make demo`), twice on the same
+// timeline, and draws it.
 //
-// When the manager has no push engine yet or there is no agent binary, the demo runs without
-// agents and shows the permits the manager computes (kubectl) per step.
+// The story: 8 gateway pods, each with a local Semaphore(50), call a partner that allows 50
+// concurrent calls and answers 429 beyond. The partner slows from a P99 of 220 ms to 1.8 s;
+// in-flight = rate × latency explodes and a 429 storm follows; the HPA scales the gateway
+// 8 → 12 in the middle of it; the partner recovers.
 //
-// It ends on its own in about a minute, or on Ctrl-C, leaving no process behind. DEMO_KEEP=1
-// keeps the logs directory.
+//   - without Apportion: each pod's app holds its own Semaphore(50) and calls the partner
+//     directly (in this process);
+//   - with Apportion: a local control plane (envtest's kube-apiserver and etcd), the CRDs, the
+//     real manager and real agent processes on loopback addresses, the sample DownstreamQuota
+//     (global 50, safety factor 80 %) and the gateway Deployment and its HPA; every call goes
+//     through its pod's agent, which enforces the permits the manager pushes.
+//
+// Both runs send the same open-loop load: a fixed total rate of calls (Poisson arrivals, round
+// robin over the ready pods), each with its own timeout, never retried. The partner's latency
+// is calibrated from the story (see latency); when this machine cannot send the story's 1,900
+// calls/s, the rate is lowered and every latency and timeout stretched by the same factor, so
+// that the calls in flight — what the limit is about — keep the story's values.
+//
+// At the end it prints the comparison table (per phase and run: the partner's 429s and peak
+// in flight against its limit, goodput, the share answered by a fallback and how fast, the
+// app's p99, and the partner's measured latency), and writes dist/demo/report.html (charts of
+// both runs on the same axes, viewable offline), dist/demo/timeseries.csv, summary.csv and
+// report.json. Every figure comes from the runs.
+//
+// Environment: DEMO_RATE (calls/s; default 500, what the 2-core reference VM sustains next to
+// other work), DEMO_SHORT=1 (phases of 4/8/4 s instead of 8/20/14: a quick look, and how the
+// rendering test's fixture was recorded), DEMO_KEEP=1 (keep the logs directory), DEMO_OUT
+// (output directory, default dist/demo in the repository).
+//
+// It ends on its own in about two minutes with warm caches (2 min 10 s for `make demo` on the
+// 2-core reference VM at a load average of 10; a machine busy with other work takes longer),
+// or on Ctrl-C, leaving no process behind.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/semaphore"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/apportion/apportion/hack/demo/report"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
 func main() {
+	// The harness's control plane logs through controller-runtime; the demo prints its own story.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)
 	stop()
@@ -45,11 +78,83 @@ func main() {
 	}
 }
 
-// steps are the HPA's decisions after the initial 8 pods.
-var steps = []int32{10, 16, 4}
+// The story's figures.
+const (
+	storyRate      = 1900.0 // calls/s over the gateway
+	storyLocalSem  = 50     // each pod's local semaphore without Apportion
+	storyPods      = 8
+	storyPodsAfter = 12 // what the HPA decides during the slowdown
+)
+
+// settings is one demo's timeline and scale.
+type settings struct {
+	rate  float64 // calls/s sent, in total
+	scale float64 // storyRate / rate: every latency and timeout is multiplied by it
+	lat   latency
+	// Phases: normal, slow (the HPA scales at scaleAt into it), recovered.
+	normal, slow, recovered, scaleAt time.Duration
+	// The agent's acquireTimeout (also the local semaphore's wait) and requestTimeout (also
+	// the bound of a call without Apportion), and the app's own timeout per call.
+	acquire, request, app time.Duration
+	step                  time.Duration // sampling
+}
+
+func newSettings(rate float64, short bool) settings {
+	st := settings{rate: rate, scale: storyRate / rate, step: 250 * time.Millisecond}
+	st.lat = newLatency(20*time.Millisecond, 220*time.Millisecond, 0.0125, 1700*time.Millisecond, 2300*time.Millisecond, st.scale)
+	sc := func(d time.Duration) time.Duration {
+		return time.Duration(float64(d) * st.scale).Round(time.Millisecond)
+	}
+	// The sample quota's acquireTimeout (200 ms), stretched like the latencies; at most the
+	// API's 5 s.
+	st.acquire = min(sc(200*time.Millisecond), 5*time.Second)
+	// A call bound above the slow tail's longest calls, so that the partner's answers, not the
+	// timeouts, decide the outcome.
+	st.request = sc(3 * time.Second)
+	st.app = st.request + st.acquire + time.Second
+	st.normal, st.slow, st.recovered, st.scaleAt = 8*time.Second, 20*time.Second, 14*time.Second, 6*time.Second
+	if short {
+		st.normal, st.slow, st.recovered, st.scaleAt = 4*time.Second, 8*time.Second, 4*time.Second, 3*time.Second
+	}
+	return st
+}
+
+func (st settings) phases() []report.Phase {
+	a, b := st.normal, st.normal+st.slow
+	return []report.Phase{
+		{Name: "normal", Start: 0, End: a},
+		{Name: "slow", Start: a, End: b},
+		{Name: "recovered", Start: b, End: b + st.recovered},
+	}
+}
 
 func run(ctx context.Context) (err error) {
 	start := time.Now()
+	rate := 500.0
+	if v := os.Getenv("DEMO_RATE"); v != "" {
+		if rate, err = strconv.ParseFloat(v, 64); err != nil || rate < 10 || rate > storyRate {
+			return fmt.Errorf("DEMO_RATE=%q: want calls per second between 10 and %.0f", v, storyRate)
+		}
+	}
+	short := false
+	if v := os.Getenv("DEMO_SHORT"); v != "" {
+		if short, err = strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("DEMO_SHORT=%q: %w", v, err)
+		}
+	}
+	st := newSettings(rate, short)
+	loadStart := loadAverage()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		return err
+	}
+	out := os.Getenv("DEMO_OUT")
+	if out == "" {
+		out = filepath.Join(root, "dist", "demo")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "apportion-demo-")
 	if err != nil {
 		return err
@@ -62,19 +167,44 @@ func run(ctx context.Context) (err error) {
 		_ = os.RemoveAll(dir)
 	}()
 
+	fmt.Printf("The incident, twice: %d pods → %d, a partner allowing %d calls in flight that slows down, %.0f calls/s.\n",
+		storyPods, storyPodsAfter, 50, st.rate)
+	fmt.Printf("Scale: the story's %.0f calls/s ÷ %.2f, every latency and timeout × %.2f (in flight = rate × latency keeps the story's values).\n",
+		storyRate, st.scale, st.scale)
+	fmt.Printf("Partner: normal mean %s, P99 %s (log-normal); slow: %.2f %% of calls take %s–%s; 429 beyond 50 in flight.\n",
+		dur(st.lat.Mean, st.scale), dur(st.lat.P99, st.scale), 100*st.lat.SlowShare, dur(st.lat.SlowMin, st.scale), dur(st.lat.SlowMax, st.scale))
+	fmt.Printf("Timeline per run: normal %s, slow %s (HPA %d → %d at +%s), recovered %s.\n\n",
+		st.normal, st.slow, storyPods, storyPodsAfter, st.scaleAt, st.recovered)
+
 	fmt.Println("== building the manager and the agent")
 	bin, err := harness.Build(ctx)
 	if err != nil {
 		return err
 	}
 	defer harness.RemoveBuild()
-	fmt.Printf("   built in %s", bin.BuildTime.Round(100*time.Millisecond))
-	if !bin.HasAgent() {
-		fmt.Printf(" (no agent: %v)", harness.FirstLine(bin.AgentErr))
+	fmt.Printf("   built in %s\n", bin.BuildTime.Round(100*time.Millisecond))
+	if !bin.HasAgent() || !bin.Pushes() {
+		return errors.New("the demo needs the agent and a manager with a push engine")
 	}
-	fmt.Println()
 
-	fmt.Println("== starting a local control plane (kube-apiserver + etcd) and installing the CRDs")
+	rep := &report.Report{
+		Title: "The 429 storm, without and with Apportion", Date: time.Now().UTC(), Machine: machine(), Limit: 50,
+		Phases: st.phases(),
+		Notes: []string{
+			fmt.Sprintf("Open-loop load of %.0f calls/s (Poisson arrivals, round robin over the ready pods, no retries); the story's %.0f calls/s scaled by 1/%.2f, every latency and timeout by %.2f.",
+				st.rate, storyRate, st.scale, st.scale),
+			fmt.Sprintf("Partner: admits 50 calls in flight, answers 429 beyond; normal latency log-normal with mean %s and P99 %s; slow: %.2f %% of calls take %s–%s.",
+				dur(st.lat.Mean, st.scale), dur(st.lat.P99, st.scale), 100*st.lat.SlowShare, dur(st.lat.SlowMin, st.scale), dur(st.lat.SlowMax, st.scale)),
+			fmt.Sprintf("Without Apportion: each pod's app holds a Semaphore(%d) (wait %s) and calls the partner directly. With: the real manager and one real agent per pod, DownstreamQuota 50 × 80 %%, acquireTimeout %s, requestTimeout %s.",
+				storyLocalSem, st.acquire, st.acquire, st.request),
+			fmt.Sprintf("Each call's own timeout: %s. Fallback: refused before reaching the partner. Refusal: a 429 or a fallback, timed as the app waited for it.", st.app),
+		},
+	}
+
+	// Apportion's side starts first: a starting manager waits out its recovery window before it
+	// grants anything (lease + push timeout + the quota's requestTimeout), and that wait passes
+	// while the run without Apportion plays, with the agents idle.
+	fmt.Println("\n== starting a local control plane (kube-apiserver + etcd), the CRDs, the manager and the agents")
 	cp, err := harness.StartControlPlane(dir)
 	if err != nil {
 		return err
@@ -84,188 +214,422 @@ func run(ctx context.Context) (err error) {
 			err = serr
 		}
 	}()
-
-	sample, err := harness.LoadManifest(filepath.Join(cp.Root, "config", "samples", "apportion_v1alpha1_downstreamquota.yaml"), cp.Scheme)
-	if err != nil {
-		return err
-	}
-	if sample.Quota == nil || sample.Deployment == nil || sample.HPA == nil {
-		return errors.New("the sample lacks the DownstreamQuota, the Deployment or the HPA")
-	}
-	// Adapted: the upstream is the local test downstream (set by the scenario), and the HPA may
-	// go down to 4 so that the last decision is within its bounds.
-	sample.HPA.Spec.MinReplicas = ptr(int32(4))
-	ns := sample.Quota.Namespace
-	limit := sample.Quota.Spec.MaxInFlight
-	env := &harness.Env{CP: cp, Bin: bin, IPs: harness.NewIPPool(), Dir: dir}
-	cfg := harness.ScenarioConfig{
-		Namespace: ns, Limit: limit, FactorPercent: sample.Quota.Spec.SafetyFactorPercent,
-		Replicas: 8, MinReplicas: 4, MaxReplicas: sample.HPA.Spec.MaxReplicas,
-		Latency:  50 * time.Millisecond,
-		LeaseTTL: 3 * time.Second, RenewEvery: time.Second, PushTimeout: 500 * time.Millisecond,
-		QuotaObject: sample.Quota, Deployment: sample.Deployment, HPA: sample.HPA,
-		WorkersPerAgent: 10, Terminating: 500 * time.Millisecond,
-	}
-	fmt.Printf("== running the manager, the %s quota (global %d) and the %s Deployment with 8 pods\n",
-		sample.Quota.Name, limit, sample.Deployment.Name)
-	s, err := env.NewScenario(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	if len(s.Manager.Unsupported) > 0 {
-		fmt.Printf("   (the manager does not take %s yet: it runs with its defaults for those)\n", strings.Join(s.Manager.Unsupported, ", "))
-	}
-	if s.Pushing {
-		fmt.Printf("   8 real agents on 127.x loopback addresses, %d workers each calling %s through their agent;\n", cfg.WorkersPerAgent, sample.Quota.Name)
-		fmt.Printf("   the downstream (%s) admits %d calls in flight, holds each %s, answers 429 beyond\n", s.DS.URL, limit, cfg.Latency)
-	} else {
-		why := "the manager has no push engine yet (no --lease-ttl flag)"
-		if !bin.HasAgent() {
-			why = "there is no agent binary yet"
-		}
-		fmt.Printf("   without agents: %s; showing the permits the manager computes\n", why)
-	}
-
-	decisions := append([]int32{8}, steps...)
-	var rows []row
-	for i, n := range decisions {
-		t0 := s.Started
-		if i > 0 {
-			fmt.Printf("\n== step %d: the HPA decides %d → %d pods\n", i, decisions[i-1], n)
-			t0 = time.Now()
-			if err := s.Workload.ScaleTo(ctx, n, harness.ScaleOptions{Step: 200 * time.Millisecond}); err != nil {
-				return err
-			}
-		} else {
-			fmt.Printf("\n== step 0: %d pods\n", n)
-			if s.Pushing {
-				fmt.Println("   (a manager that starts waits out its recovery window — lease + push timeout + grace + the quota's")
-				fmt.Println("   requestTimeout — before it grants anything; until its first assignment an agent answers 404)")
-			}
-		}
-		r, err := observe(ctx, s, n, t0)
+	runFirst := func() error {
+		fmt.Printf("\n== run 1 of 2: without Apportion (%d pods, each a local Semaphore(%d), calling the partner directly)\n", storyPods, storyLocalSem)
+		without, err := runWithout(ctx, st)
 		if err != nil {
 			return err
 		}
-		rows = append(rows, r)
-		printRows(rows[len(rows)-1:], s.Pushing)
-		out, _ := cp.Kubectl(ctx, "get", "dq", "-n", ns)
-		fmt.Print("\n$ kubectl get dq -n " + ns + "\n" + out)
+		rep.Runs = append(rep.Runs, report.Build(without, st.phases()))
+		fmt.Println("\n== run 2 of 2: with Apportion")
+		return nil
 	}
+	with, mon, err := runWith(ctx, st, &harness.Env{CP: cp, Bin: bin, IPs: harness.NewIPPool(), Dir: dir}, runFirst)
+	if err != nil {
+		return err
+	}
+	rep.Runs = append(rep.Runs, report.Build(with, st.phases()))
 
-	fmt.Println("\n== summary")
-	printRows(rows, s.Pushing)
-	fmt.Println("(per step: maxima over a 4 s window once converged; 2xx and 503 in that window; CONVERGED: from the")
-	fmt.Println(" HPA's decision until every pod enforces its new permits, pod start-up and termination included)")
-	if s.Pushing {
-		ls := s.Load.Stop()
-		st := s.Monitor.Stop()
-		fmt.Printf("\nload: %s\nmonitor: %s\n", ls, st)
-		if !st.PhysicallyOk() {
-			return fmt.Errorf("the global limit was not kept: %d confirmed Σ-permit violations, downstream peak %d/%d, %d × 429",
-				st.PermitViolations, st.Downstream.Peak, st.Downstream.Limit, st.Downstream.TooMany429)
-		}
-		if st.LedgerViolations > 0 {
-			fmt.Printf("\nnote: the manager's ledger (status.ledger) went over %d in %d samples (max %d), an over-count\n", limit, st.LedgerViolations, st.MaxLedger)
-		}
-		fmt.Printf("\nThe downstream never saw more than %d of %d calls in flight and answered 429 %d times.\n",
-			st.Downstream.Peak, limit, st.Downstream.TooMany429)
+	if la := loadAverage(); la != "" && loadStart != "" {
+		rep.Machine += fmt.Sprintf(", load average %s at the start, %s at the end", loadStart, la)
 	}
+	fmt.Printf("\n== comparison (%.0f calls/s; per phase, calls made in it)\n", st.rate)
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	fmt.Printf("\nWith Apportion the agents' Σ permits peaked at %d and Σ in flight at %d (limit 50; %d confirmed samples above it, of %d at %.0f Hz).\n",
+		mon.MaxSumPermits, mon.MaxSumInFlight, mon.PermitViolations+mon.InFlightViolations, mon.Samples, mon.Hz())
+
+	files := map[string]func(*os.File) error{
+		"report.html":    func(f *os.File) error { return rep.Render(f) },
+		"timeseries.csv": func(f *os.File) error { return rep.WriteCSV(f) },
+		"summary.csv":    func(f *os.File) error { return rep.WriteSummaryCSV(f) },
+		"table.md":       func(f *os.File) error { return rep.WriteMarkdown(f) },
+	}
+	for name, write := range files {
+		if err := writeFile(filepath.Join(out, name), write); err != nil {
+			return err
+		}
+	}
+	if err := rep.Save(filepath.Join(out, "report.json")); err != nil {
+		return err
+	}
+	rel := func(name string) string {
+		p := filepath.Join(out, name)
+		if r, err := filepath.Rel(root, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+		return p
+	}
+	fmt.Printf("\nreport:      %s (open it in a browser; no network needed)\n", rel("report.html"))
+	fmt.Printf("time series: %s\nsummary:     %s (Markdown: %s; the renderer's input: %s)\n",
+		rel("timeseries.csv"), rel("summary.csv"), rel("table.md"), rel("report.json"))
 	fmt.Printf("done in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
 }
 
-type row struct {
-	pods                  int32
-	perPod                string
-	sumPermits, sumFlight int32
-	converge              time.Duration
-	peak, tooMany         int64
-	ok, fallback          int64
+func writeFile(path string, write func(*os.File) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
 }
 
-// observe waits for the permits to follow the decision taken at t0, then measures a 4-second
-// window.
-func observe(ctx context.Context, s *harness.Scenario, n int32, t0 time.Time) (row, error) {
-	r := row{pods: n}
-	want := s.PerPod(n)
-	if s.Pushing {
-		if err := s.WaitPermits(ctx, want, 30*time.Second); err != nil {
-			fmt.Printf("   warning: %v\n", err)
-		}
-	} else if err := waitStatus(ctx, s, n, want); err != nil {
-		fmt.Printf("   warning: %v\n", err)
+// runWithout plays the timeline with local semaphores and direct calls.
+func runWithout(ctx context.Context, st settings) (report.Recording, error) {
+	p, err := startPartner(50, st.lat, 1)
+	if err != nil {
+		return report.Recording{}, err
 	}
-	r.converge = time.Since(t0)
-	if !s.Pushing {
-		dq, err := s.Quota(ctx)
-		if err != nil {
-			return r, err
-		}
-		r.perPod, r.sumPermits = dq.Status.PerPod, dq.Status.Assigned
-		return r, nil
+	defer p.close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000, MaxIdleConns: 1000, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	newPod := func() pod {
+		return &localPod{sem: semaphore.NewWeighted(storyLocalSem), acquire: st.acquire, url: p.URL + "/work", client: client}
 	}
-	s.Monitor.ResetWindow()
-	s.DS.ResetWindow()
-	before := s.Load.Stats()
-	select {
-	case <-ctx.Done():
-		return r, ctx.Err()
-	case <-time.After(4 * time.Second):
+	var pods atomic.Pointer[[]pod]
+	list := make([]pod, storyPods)
+	for i := range list {
+		list[i] = newPod()
 	}
-	r.sumPermits, r.sumFlight = s.Monitor.ResetWindow()
-	r.peak = s.DS.ResetWindow()
-	after := s.Load.Stats()
-	r.ok, r.fallback = after.OK-before.OK, after.Fallback-before.Fallback
-	r.tooMany = s.DS.Stats().TooMany429
-	if cur, ok := s.Monitor.Current(); ok {
-		set := map[int32]bool{}
-		for _, a := range cur.Agents {
-			set[a.Effective] = true
-		}
-		var vals []string
-		for v := range set {
-			vals = append(vals, strconv.Itoa(int(v)))
-		}
-		slices.Sort(vals)
-		r.perPod = strings.Join(vals, ",")
+	pods.Store(&list)
+	sample := func(at time.Duration) report.Sample {
+		n := len(*pods.Load())
+		return report.Sample{At: at, Pods: n, PartnerPeak: p.takePeak(), SumPermits: n * storyLocalSem, PerPodMin: storyLocalSem, PerPodMax: storyLocalSem}
 	}
-	return r, nil
+	scaleUp := func(context.Context) error {
+		// The deployment controller and the kubelet start 4 more pods; each app comes with
+		// its own Semaphore(50).
+		more := append(append([]pod(nil), *pods.Load()...), make([]pod, storyPodsAfter-storyPods)...)
+		for i := storyPods; i < len(more); i++ {
+			more[i] = newPod()
+		}
+		pods.Store(&more)
+		return nil
+	}
+	rec, err := play(ctx, st, p, func() []pod { return *pods.Load() }, sample, scaleUp)
+	rec.Name = "without Apportion"
+	return rec, err
 }
 
-func waitStatus(ctx context.Context, s *harness.Scenario, n, want int32) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		dq, err := s.Quota(ctx)
-		if err == nil && dq.Status.Pods == n && dq.Status.PerPod == strconv.Itoa(int(want)) {
-			return nil
+// runWith plays the timeline through the real manager and agents; first, once everything is
+// started, it calls meanwhile (the other run).
+func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func() error) (report.Recording, harness.MonitorStats, error) {
+	var none harness.MonitorStats
+	sample, err := harness.LoadManifest(filepath.Join(env.CP.Root, "config", "samples", "apportion_v1alpha1_downstreamquota.yaml"), env.CP.Scheme)
+	if err != nil {
+		return report.Recording{}, none, err
+	}
+	if sample.Quota == nil || sample.Deployment == nil || sample.HPA == nil {
+		return report.Recording{}, none, errors.New("the sample lacks the DownstreamQuota, the Deployment or the HPA")
+	}
+	p, err := startPartner(int64(sample.Quota.Spec.MaxInFlight), st.lat, 2)
+	if err != nil {
+		return report.Recording{}, none, err
+	}
+	defer p.close()
+	// The sample's quota with the demo's time scale: the acquire and request timeouts and the
+	// breaker's slow-call threshold stretch with the latencies.
+	q := sample.Quota.DeepCopy()
+	q.Spec.Agent.AcquireTimeout = &metav1.Duration{Duration: st.acquire}
+	q.Spec.Agent.RequestTimeout = &metav1.Duration{Duration: st.request}
+	if cb := q.Spec.Agent.CircuitBreaker; cb != nil && cb.SlowCallThreshold != nil {
+		cb.SlowCallThreshold = &metav1.Duration{Duration: time.Duration(float64(cb.SlowCallThreshold.Duration) * st.scale)}
+	}
+	cfg := harness.ScenarioConfig{
+		Namespace: q.Namespace, Limit: q.Spec.MaxInFlight, FactorPercent: q.Spec.SafetyFactorPercent,
+		Replicas: storyPods, MinReplicas: *sample.HPA.Spec.MinReplicas, MaxReplicas: sample.HPA.Spec.MaxReplicas,
+		LeaseTTL: 3 * time.Second, RenewEvery: time.Second, PushTimeout: 500 * time.Millisecond,
+		AcquireTimeout: st.acquire, RequestTimeout: st.request,
+		QuotaObject: q, Deployment: sample.Deployment, HPA: sample.HPA,
+		NoLoad: true, MonitorHz: 10, Terminating: 500 * time.Millisecond,
+	}
+	fmt.Printf("   the manager, the %s DownstreamQuota (global %d × %d %%) and the %s Deployment with %d pods, one agent each\n",
+		q.Name, q.Spec.MaxInFlight, q.Spec.SafetyFactorPercent, sample.Deployment.Name, storyPods)
+	t0 := time.Now()
+	s, err := env.NewScenario(ctx, cfg)
+	if err != nil {
+		return report.Recording{}, none, err
+	}
+	defer s.Close()
+	// The scenario points the quota at its own fixed-latency downstream; the demo's partner
+	// replaces it before any call is made (the manager pushes the new upstream to the agents).
+	dq, err := s.Quota(ctx)
+	if err != nil {
+		return report.Recording{}, none, err
+	}
+	orig := dq.DeepCopy()
+	dq.Spec.Upstream = p.URL
+	if err := env.CP.Client.Patch(ctx, dq, client.MergeFrom(orig)); err != nil {
+		return report.Recording{}, none, fmt.Errorf("pointing the quota at the partner: %w", err)
+	}
+	fmt.Printf("   started in %s; the manager waits out its recovery window before its first grants\n", time.Since(t0).Round(100*time.Millisecond))
+	if err := meanwhile(); err != nil {
+		return report.Recording{}, none, err
+	}
+	t1 := time.Now()
+	if err := s.WaitPermits(ctx, s.PerPod(storyPods), 90*time.Second); err != nil {
+		return report.Recording{}, none, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200, MaxIdleConns: 4000, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	if err := waitUpstream(ctx, s, client, 30*time.Second); err != nil {
+		return report.Recording{}, none, err
+	}
+	fmt.Printf("   every agent enforces %d permits and forwards to the partner (waited %s more)\n",
+		s.PerPod(storyPods), time.Since(t1).Round(100*time.Millisecond))
+
+	tr := newReadiness(s, client)
+	trCtx, stopTr := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { tr.run(trCtx) })
+	defer func() { stopTr(); wg.Wait() }()
+	if !tr.waitAll(ctx, storyPods, 10*time.Second) {
+		return report.Recording{}, none, errors.New("the agents did not all turn ready")
+	}
+	smp := func(at time.Duration) report.Sample {
+		smp := report.Sample{At: at, Pods: len(tr.pods()), PartnerPeak: p.takePeak()}
+		if cur, ok := s.Monitor.Current(); ok {
+			first := true
+			for _, a := range cur.Agents {
+				smp.SumPermits += int(a.Effective)
+				if first || int(a.Effective) < smp.PerPodMin {
+					smp.PerPodMin = int(a.Effective)
+				}
+				smp.PerPodMax = max(smp.PerPodMax, int(a.Effective))
+				first = false
+			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("status did not show %d pods × %d within 20s", n, want)
+		return smp
+	}
+	scaleUp := func(ctx context.Context) error {
+		return s.Workload.ScaleTo(ctx, storyPodsAfter, harness.ScaleOptions{Step: 200 * time.Millisecond})
+	}
+	rec, err := play(ctx, st, p, tr.pods, smp, scaleUp)
+	rec.Name = "with Apportion"
+	return rec, s.Monitor.Stats(), err
+}
+
+// waitUpstream waits until a call through every agent reaches the demo's partner.
+func waitUpstream(ctx context.Context, s *harness.Scenario, c *http.Client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, a := range s.Workload.Agents() {
+		for {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.DataURL(s.Cfg.Quota)+"/warm-up", nil)
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				if resp.Header.Get("X-Demo-Partner") != "" {
+					break
+				}
+				err = fmt.Errorf("answer %d not from the partner", resp.StatusCode)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("agent %s does not forward to the partner after %s (last: %w)", a.Pod, timeout, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
+	}
+	return nil
+}
+
+// readiness plays the Service's endpoints: a pod gets traffic once its agent's /readyz
+// answers 200 (the pod's readiness probe) and no longer once it is terminating.
+type readiness struct {
+	s      *harness.Scenario
+	client *http.Client
+	ready  map[*harness.Agent]*agentPod // only run's goroutine touches it
+	list   atomic.Pointer[[]pod]
+}
+
+func newReadiness(s *harness.Scenario, c *http.Client) *readiness {
+	r := &readiness{s: s, client: c, ready: map[*harness.Agent]*agentPod{}}
+	r.list.Store(&[]pod{})
+	return r
+}
+
+func (r *readiness) pods() []pod { return *r.list.Load() }
+
+func (r *readiness) run(ctx context.Context) {
+	probe := &http.Client{Timeout: time.Second}
+	for ctx.Err() == nil {
+		var list []pod
+		for _, a := range r.s.Workload.Agents() {
+			if a.Draining() {
+				continue
+			}
+			ap, ok := r.ready[a]
+			if !ok {
+				resp, err := probe.Get(a.ControlURL() + "/readyz")
+				if err != nil {
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					continue
+				}
+				ap = &agentPod{url: a.DataURL(r.s.Cfg.Quota) + "/work", client: r.client}
+				r.ready[a] = ap
+			}
+			list = append(list, ap)
+		}
+		r.list.Store(&list)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
-func printRows(rows []row, pushing bool) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	if pushing {
-		fmt.Fprintln(w, "PODS\tPER-POD\tΣ PERMITS (max)\tΣ IN-FLIGHT (max)\tDOWNSTREAM PEAK\t429s\t2xx\t503 FALLBACK\tCONVERGED\t")
-		for _, r := range rows {
-			fmt.Fprintf(w, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", r.pods, r.perPod, r.sumPermits, r.sumFlight, r.peak, r.tooMany, r.ok, r.fallback, r.converge.Round(time.Millisecond))
+func (r *readiness) waitAll(ctx context.Context, n int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for len(r.pods()) < n {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
 		}
-	} else {
-		fmt.Fprintln(w, "PODS\tPER-POD\tΣ ASSIGNED\tCOMPUTED IN\t")
-		for _, r := range rows {
-			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t\n", r.pods, r.perPod, r.sumPermits, r.converge.Round(time.Millisecond))
-		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	_ = w.Flush()
+	return true
 }
 
-func ptr[T any](v T) *T { return &v }
+// play runs one run's timeline: the open-loop load from the start, the partner slowing at the
+// end of the normal phase, the HPA's decision during the slowdown, the partner's recovery; a
+// sample every step and a progress line every few seconds. It returns when every call made
+// has ended.
+func play(ctx context.Context, st settings, p *partner, pods func() []pod, sample func(time.Duration) report.Sample,
+	scaleUp func(context.Context) error) (report.Recording, error) {
+	rec := &recorder{start: time.Now()}
+	p.begin(rec.start)
+	p.slow.Store(false)
+	end := st.normal + st.slow + st.recovered
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	var sent int
+	var lag time.Duration
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		sent, lag = openLoop(loadCtx, st.rate, st.app, pods, rec, uint64(time.Now().UnixNano()))
+	}()
+
+	var samples []report.Sample
+	var scaleErr error
+	var scaleWG sync.WaitGroup
+	events := []struct {
+		at   time.Duration
+		what string
+		do   func()
+	}{
+		{st.normal, fmt.Sprintf("the partner slows down (%.2f %% of calls take %s–%s)", 100*st.lat.SlowShare, dur(st.lat.SlowMin, st.scale), dur(st.lat.SlowMax, st.scale)),
+			func() { p.slow.Store(true) }},
+		{st.normal + st.scaleAt, fmt.Sprintf("the HPA scales %d → %d pods", storyPods, storyPodsAfter),
+			func() { scaleWG.Go(func() { scaleErr = scaleUp(ctx) }) }},
+		{st.normal + st.slow, "the partner recovers", func() { p.slow.Store(false) }},
+	}
+	fmt.Printf("   %5s  normal: %.0f calls/s over %d pods\n", "0s", st.rate, len(pods()))
+	tick := time.NewTicker(st.step)
+	defer tick.Stop()
+	var lastPrint time.Duration
+	var printed int
+	for {
+		select {
+		case <-ctx.Done():
+			stopLoad()
+			<-loadDone
+			scaleWG.Wait()
+			return report.Recording{}, ctx.Err()
+		case <-tick.C:
+		}
+		at := time.Since(rec.start)
+		samples = append(samples, sample(at))
+		for len(events) > 0 && at >= events[0].at {
+			events[0].do()
+			fmt.Printf("   %5s  %s\n", events[0].at.Round(time.Second), events[0].what)
+			events = events[1:]
+		}
+		if at-lastPrint >= 4*time.Second {
+			calls := rec.snapshot()[printed:]
+			printed += len(calls)
+			progress(at, samples, calls, at-lastPrint)
+			lastPrint = at
+		}
+		if at >= end {
+			break
+		}
+	}
+	stopLoad()
+	fmt.Printf("   %5s  the load stops; waiting for the calls in flight to end\n", end.Round(time.Second))
+	for {
+		select {
+		case <-loadDone:
+		case <-tick.C:
+			samples = append(samples, sample(time.Since(rec.start)))
+			continue
+		}
+		break
+	}
+	scaleWG.Wait()
+	calls := rec.snapshot()
+	fmt.Printf("   %d calls sent (%.0f/s), at most %s behind schedule\n", sent, float64(sent)/end.Seconds(), lag.Round(time.Millisecond))
+	return report.Recording{Calls: calls, Partner: p.recorded(), Samples: samples}, scaleErr
+}
+
+// progress prints one line about the last few seconds.
+func progress(at time.Duration, samples []report.Sample, calls []report.Call, span time.Duration) {
+	var counts [5]int
+	for _, c := range calls {
+		if int(c.Outcome) < len(counts) {
+			counts[c.Outcome]++
+		}
+	}
+	peak, pods := 0, 0
+	for i := len(samples) - 1; i >= 0 && samples[i].At > at-span; i-- {
+		peak = max(peak, samples[i].PartnerPeak)
+	}
+	if len(samples) > 0 {
+		pods = samples[len(samples)-1].Pods
+	}
+	s := span.Seconds()
+	fmt.Printf("   %5s  pods %2d · partner in flight ≤ %3d · 2xx %4.0f/s · 429 %4.0f/s · fallback %4.0f/s · timeout %3.0f/s\n",
+		at.Round(time.Second), pods, peak, float64(counts[report.OK])/s, float64(counts[report.TooMany])/s,
+		float64(counts[report.Fallback])/s, float64(counts[report.Timeout])/s)
+}
+
+// dur shows a story duration d stretched by scale.
+func dur(d time.Duration, scale float64) string {
+	return time.Duration(float64(d) * scale).Round(time.Millisecond).String()
+}
+
+// machine describes this machine for the report: CPUs and memory.
+func machine() string {
+	desc := fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+				if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
+					desc += fmt.Sprintf(", %.0f GiB", kb/(1<<20))
+				}
+			}
+		}
+	}
+	return desc
+}
+
+// loadAverage is the 1-minute load average ("" where /proc has none): the demo shares the
+// machine, and what else runs shows in its figures.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
