@@ -97,6 +97,9 @@ func (r *TrustReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if data == nil {
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
+	if exists && cm.Labels[TrustLabel] != "true" {
+		return reconcile.Result{}, foreignTrust(ns.Name, r.Name)
+	}
 	if exists {
 		if maps.Equal(cm.Data, data) && len(cm.BinaryData) == 0 {
 			return reconcile.Result{}, nil
@@ -119,13 +122,17 @@ func (r *TrustReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err := r.Client.Create(ctx, &cm); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Not in the cache, so it lacks TrustLabel: someone else's ConfigMap.
-			return reconcile.Result{}, fmt.Errorf("ConfigMap %s/%s exists and was not created by the manager (no %s label); not overwriting it, agents of this namespace cannot verify pushes until it is renamed",
-				ns.Name, r.Name, TrustLabel)
+			return reconcile.Result{}, foreignTrust(ns.Name, r.Name)
 		}
 		return reconcile.Result{}, fmt.Errorf("creating ConfigMap %s/%s: %w", ns.Name, r.Name, err)
 	}
 	log.FromContext(ctx).Info("trust ConfigMap created", "namespace", ns.Name, "keys", len(data))
 	return reconcile.Result{}, nil
+}
+
+func foreignTrust(namespace, name string) error {
+	return fmt.Errorf("ConfigMap %s/%s exists and was not created by the manager (no %s label); not overwriting it: agents of this namespace cannot verify pushes until it is moved away",
+		namespace, name, TrustLabel)
 }
 
 func (r *TrustReconciler) wanted(ctx context.Context, ns *corev1.Namespace) (bool, error) {
