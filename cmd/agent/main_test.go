@@ -191,7 +191,7 @@ func TestAgentBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("State: %v", err)
 	}
-	a := &assignment.Assignment{Instance: first.Instance,Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
+	a := &assignment.Assignment{Instance: first.Instance, Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
 		Downstreams: []assignment.Downstream{{
 			Name: "svc", Upstream: up.URL, Permits: 4, SafeDefaultPermits: 1,
 			AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(5 * time.Second),

@@ -222,7 +222,7 @@ func TestLoadTrustDir(t *testing.T) {
 	if got := strings.Join(ts.IDs(), ","); got != "k1,k2" {
 		t.Fatalf("ids = %s", got)
 	}
-	if s := fmt.Sprintf("%v %+v %#v", keyNew, keyNew, keyNew); strings.Contains(s, fmt.Sprint([]byte(keyNew.Private))) || strings.Contains(s, string(keyNew.Private)) {
+	if s := fmt.Sprintf("%v %+v %#v", keyNew, keyNew, keyNew); strings.Contains(s, fmt.Sprintf("%x", []byte(keyNew.Private))) || strings.Contains(s, fmt.Sprintf("%v", []byte(keyNew.Private)[:8])) {
 		t.Fatalf("formatting a signing key prints it: %s", s)
 	}
 

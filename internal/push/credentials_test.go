@@ -92,7 +92,7 @@ func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 		t.Fatalf("Ensure replaced an existing key: %v", err)
 	}
 	// Rotate twice in the same second: ids keep sorting by creation.
-	if ring, err = k.Rotate(ctx); err != nil {
+	if _, err = k.Rotate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if ring, err = k.Rotate(ctx); err != nil {
@@ -146,12 +146,12 @@ func TestSigningClientFallsBackOnUnknownKey(t *testing.T) {
 	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
 	fc := fake.NewClientBuilder().Build()
 	k := &SigningKeys{Reader: fc, Writer: fc, Now: func() time.Time { return now }}
-	ring, err := k.Ensure(context.Background())
-	if err != nil {
+	if _, err := k.Ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(time.Hour)
-	if ring, err = k.Rotate(context.Background()); err != nil {
+	ring, err := k.Rotate(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
 	old := ring[0].SigningKey

@@ -26,7 +26,7 @@ import (
 )
 
 var (
-	t0      = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	t0           = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	keyWithdrawn = assignment.SigningKey{ID: "2025-12", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0x90}, 32))}
 	keyPrev      = assignment.SigningKey{ID: "2026-01", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0xA1}, 32))}
 	keyCur       = assignment.SigningKey{ID: "2026-02", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0xB2}, 32))}
