@@ -10,8 +10,10 @@
 //	                     400 problem+json, code invalid-assignment: not valid; "errors" lists
 //	                         every field as "path: message". Nothing was applied.
 //	                     409 problem+json, code stale-assignment: (epoch, generation) is below
-//	                         the pair held, or the push is addressed to another agent process;
-//	                         "state" is the agent's State. Nothing was applied.
+//	                         the pair held (or, without authentication, the body's instance is
+//	                         another agent process); "state" is the agent's State. Nothing was
+//	                         applied.
+//	                     401/403: see Authentication below.
 //	                     503 problem+json, code agent-stalled, Retry-After 1: the process was
 //	                         frozen or starved just now (Options.Stalled), so the push may be
 //	                         older than the manager expects any push to land. Nothing was applied.
