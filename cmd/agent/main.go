@@ -4,13 +4,16 @@
 //
 // Usage:
 //
-//	agent --key-dir /etc/apportion/keys [flags]
+//	agent --trust-dir /etc/apportion/trust [flags]   (with POD_NAMESPACE and POD_NAME set)
 //
 // Flags:
 //
 //	--listen ADDR            data plane, for the app (default 127.0.0.1:15001)
 //	--control-listen ADDR    control API, for the manager and the kubelet (default :15000)
-//	--key-dir DIR            HMAC keys, one file per key (a mounted Secret); reloaded every 30s
+//	--trust-dir DIR          the manager's Ed25519 public keys, one "<key id>.pem" file per key
+//	                         (the apportion-trust ConfigMap, mounted); re-read every 30s
+//	--pod-namespace NS       this pod's namespace (default $POD_NAMESPACE) and
+//	--pod-name NAME          name (default $POD_NAME): control requests must be signed for it
 //	--insecure-no-auth       no authentication on the control API (local experiments only)
 //	--bootstrap FILE         a JSON Assignment applied at start as generation 0 on safe
 //	                         defaults, to run without a manager (epoch, generation, leaseTTL may
@@ -65,7 +68,9 @@ func main() {
 type config struct {
 	listen          string
 	controlListen   string
-	keyDir          string
+	trustDir        string
+	podNamespace    string
+	podName         string
 	insecureNoAuth  bool
 	bootstrap       string
 	drainTimeout    time.Duration
@@ -73,11 +78,12 @@ type config struct {
 	logLevel        slog.Level
 
 	bootstrapAssignment *assignment.Assignment
-	keys                assignment.KeySet
+	trust               assignment.TrustSet
 }
 
-// keyReloadInterval is how often --key-dir is read again, to pick up a rotated Secret.
-const keyReloadInterval = 30 * time.Second
+// trustReloadInterval is how often --trust-dir is read again, to pick up a published or
+// withdrawn key (the kubelet refreshes a ConfigMap volume within about a minute).
+const trustReloadInterval = 30 * time.Second
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
@@ -85,7 +91,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:15001", "data plane `address` the app calls")
 	fs.StringVar(&c.controlListen, "control-listen", ":15000", "control API `address` (manager, kubelet probes, metrics)")
-	fs.StringVar(&c.keyDir, "key-dir", "", "`directory` of HMAC keys, one file per key (file name = key id); required unless --insecure-no-auth")
+	fs.StringVar(&c.trustDir, "trust-dir", "", "`directory` of the manager's Ed25519 public keys, one <key id>.pem file per key (the apportion-trust ConfigMap); required unless --insecure-no-auth")
+	fs.StringVar(&c.podNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this pod's `namespace` (default $POD_NAMESPACE); control requests must be signed for this pod")
+	fs.StringVar(&c.podName, "pod-name", os.Getenv("POD_NAME"), "this pod's `name` (default $POD_NAME)")
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false, "serve the control API without authentication (local experiments only)")
 	fs.StringVar(&c.bootstrap, "bootstrap", "", "JSON Assignment `file` applied at start as generation 0 on safe defaults")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "how long shutdown waits for calls in flight")
@@ -108,16 +116,22 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("--listen and --control-listen must differ")
 	}
 	switch {
-	case c.keyDir == "" && !c.insecureNoAuth:
-		return nil, errors.New("--key-dir is required (or --insecure-no-auth for local experiments)")
-	case c.keyDir != "" && c.insecureNoAuth:
-		return nil, errors.New("--key-dir and --insecure-no-auth are exclusive")
-	case c.keyDir != "":
-		ks, err := assignment.LoadKeyDir(c.keyDir)
-		if err != nil {
-			return nil, fmt.Errorf("--key-dir: %w", err)
+	case c.trustDir == "" && !c.insecureNoAuth:
+		return nil, errors.New("--trust-dir is required (or --insecure-no-auth for local experiments)")
+	case c.trustDir != "" && c.insecureNoAuth:
+		return nil, errors.New("--trust-dir and --insecure-no-auth are exclusive")
+	case c.trustDir != "":
+		if c.podNamespace == "" || c.podName == "" {
+			return nil, errors.New("--pod-namespace and --pod-name (or $POD_NAMESPACE and $POD_NAME from the downward API) are required: control requests are signed for one pod")
 		}
-		c.keys = ks
+		if strings.ContainsAny(c.podNamespace+c.podName, "/,= ") {
+			return nil, fmt.Errorf("--pod-namespace %q / --pod-name %q: not a Kubernetes name", c.podNamespace, c.podName)
+		}
+		ts, err := assignment.LoadTrustDir(c.trustDir)
+		if err != nil {
+			return nil, fmt.Errorf("--trust-dir: %w", err)
+		}
+		c.trust = ts
 	}
 	if c.drainTimeout < 0 || c.drainTimeout > 10*time.Minute {
 		return nil, fmt.Errorf("--drain-timeout %s: must be between 0 and 10m", c.drainTimeout)
@@ -182,31 +196,31 @@ func run(args []string, stderr io.Writer) int {
 		}
 	}
 
-	var keysFn func() assignment.KeySet
+	var trustFn func() assignment.TrustSet
 	stopReload := func() {}
 	if cfg.insecureNoAuth {
 		log.Warn("INSECURE: the control API accepts unauthenticated requests (--insecure-no-auth); anyone who reaches " +
 			cfg.controlListen + " can change this agent's limits. Use it for local experiments only.")
 	} else {
 		var mu sync.RWMutex
-		keys := cfg.keys
-		keysFn = func() assignment.KeySet {
+		trust := cfg.trust
+		trustFn = func() assignment.TrustSet {
 			mu.RLock()
 			defer mu.RUnlock()
-			return keys
+			return trust
 		}
-		stopReload = every(keyReloadInterval, func() {
-			ks, err := assignment.LoadKeyDir(cfg.keyDir)
+		stopReload = every(trustReloadInterval, func() {
+			ts, err := assignment.LoadTrustDir(cfg.trustDir)
 			if err != nil {
-				log.Warn("reloading --key-dir failed; keeping the keys loaded before", "err", err)
+				log.Warn("reloading --trust-dir failed; keeping the keys loaded before", "err", err)
 				return
 			}
 			mu.Lock()
-			changed := strings.Join(ks.IDs(), ",") != strings.Join(keys.IDs(), ",")
-			keys = ks
+			changed := strings.Join(ts.IDs(), ",") != strings.Join(trust.IDs(), ",")
+			trust = ts
 			mu.Unlock()
 			if changed {
-				log.Info("control API keys reloaded", "keyIDs", ks.IDs())
+				log.Info("control API trust reloaded", "keyIDs", ts.IDs())
 			}
 		})
 	}
@@ -235,9 +249,10 @@ func run(args []string, stderr io.Writer) int {
 	}
 	controlSrv := &http.Server{
 		Handler: control.New(control.Options{
-			Backend: enf, Keys: keysFn, Logger: log,
-			Metrics: promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: errLog}),
-			Stalled: stalls.stalled,
+			Backend: enf, Trust: trustFn, Pod: cfg.podNamespace + "/" + cfg.podName, Logger: log,
+			Rejected: m.RejectedPush,
+			Metrics:  promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{ErrorLog: errLog}),
+			Stalled:  stalls.stalled,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,

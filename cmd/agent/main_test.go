@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
@@ -173,24 +174,30 @@ func TestAgentBinary(t *testing.T) {
 	}))
 	defer up.Close()
 
-	keyDir := t.TempDir()
-	key := assignment.Key{ID: "k1", Secret: bytes.Repeat([]byte("s"), 32)}
-	if err := os.WriteFile(filepath.Join(keyDir, key.ID), key.Secret, 0o600); err != nil {
+	trustDir := t.TempDir()
+	key := assignment.SigningKey{ID: "k1", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte("s"), 32))}
+	pub, _ := assignment.MarshalPublicKey(key.Public().Key)
+	if err := os.WriteFile(filepath.Join(trustDir, key.ID+".pem"), pub, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startAgent(t, "--key-dir", keyDir, "--drain-timeout", "5s")
+	p := startAgent(t, "--trust-dir", trustDir, "--pod-namespace", "shop", "--pod-name", "gateway-0", "--drain-timeout", "5s")
+	to := assignment.Endpoint{URL: p.ctlURL, Pod: "shop/gateway-0"}
 
 	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
 		t.Fatalf("readyz before the first assignment = %d", code)
 	}
 	c := &assignment.Client{HTTP: &http.Client{Timeout: 5 * time.Second}, Key: key}
-	a := &assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
+	first, err := c.State(context.Background(), to, 1) // first contact: learn the process instance
+	if err != nil {
+		t.Fatalf("State: %v", err)
+	}
+	a := &assignment.Assignment{Instance: first.Instance, Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
 		Downstreams: []assignment.Downstream{{
 			Name: "svc", Upstream: up.URL, Permits: 4, SafeDefaultPermits: 1,
 			AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(5 * time.Second),
 			Fallback: assignment.Fallback{Action: assignment.ActionReject},
 		}}}
-	st, err := c.Push(context.Background(), p.ctlURL, a)
+	st, err := c.Push(context.Background(), to, a)
 	if err != nil {
 		t.Fatalf("Push: %v", err)
 	}
@@ -213,8 +220,16 @@ func TestAgentBinary(t *testing.T) {
 	if code, body := get(t, p.dataURL+"/svc/hello"); code != 200 || body != "upstream:/hello" {
 		t.Fatalf("proxied call = %d %q", code, body)
 	}
-	if code, body := get(t, p.ctlURL+"/metrics"); code != 200 || !strings.Contains(body, `apportion_agent_requests_total{downstream="svc"} 1`) {
-		t.Fatalf("metrics = %d", code)
+	if code, body := get(t, p.ctlURL+"/metrics"); code != 200 || !strings.Contains(body, `apportion_agent_requests_total{downstream="svc"} 1`) ||
+		!strings.Contains(body, `apportion_agent_rejected_pushes_total{reason="missing-credentials"} 1`) {
+		t.Fatalf("metrics = %d:\n%s", code, body)
+	}
+	// Signed for another pod: refused.
+	other := *a
+	other.Generation = 2
+	if _, err := c.Push(context.Background(), assignment.Endpoint{URL: p.ctlURL, Pod: "shop/gateway-1"}, &other); err == nil ||
+		!strings.Contains(err.Error(), "wrong-pod") {
+		t.Fatalf("push signed for another pod = %v", err)
 	}
 
 	// A call in flight, then SIGTERM.
@@ -231,7 +246,7 @@ func TestAgentBinary(t *testing.T) {
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st, err := c.State(context.Background(), p.ctlURL)
+		st, err := c.State(context.Background(), to, 1)
 		if err == nil && st.Downstreams[0].InFlight == 1 {
 			break
 		}
@@ -295,19 +310,25 @@ func TestAgentBootstrapInsecure(t *testing.T) {
 }
 
 func TestFlagValidation(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
+	t.Setenv("POD_NAME", "")
 	keyDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(keyDir, "k"), bytes.Repeat([]byte("x"), 32), 0o600); err != nil {
+	pub, _ := assignment.MarshalPublicKey(ed25519.NewKeyFromSeed(bytes.Repeat([]byte("x"), 32)).Public().(ed25519.PublicKey))
+	if err := os.WriteFile(filepath.Join(keyDir, "k.pem"), pub, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	pod := []string{"--pod-namespace", "shop", "--pod-name", "gateway-0"}
 	badBoot := filepath.Join(t.TempDir(), "b.json")
 	_ = os.WriteFile(badBoot, []byte(`{"downstreams":[{"name":"x","permits":-1}]}`), 0o600)
 	tests := []struct {
 		args []string
 		want string
 	}{
-		{nil, "--key-dir is required"},
-		{[]string{"--key-dir", keyDir, "--insecure-no-auth"}, "exclusive"},
-		{[]string{"--key-dir", t.TempDir()}, "holds no key file"},
+		{nil, "--trust-dir is required"},
+		{[]string{"--trust-dir", keyDir, "--insecure-no-auth"}, "exclusive"},
+		{[]string{"--trust-dir", keyDir}, "--pod-namespace and --pod-name"},
+		{append([]string{"--trust-dir", t.TempDir()}, pod...), "holds no key file"},
+		{[]string{"--trust-dir", keyDir, "--pod-namespace", "shop", "--pod-name", "a,b"}, "not a Kubernetes name"},
 		{[]string{"--insecure-no-auth", "--listen", "nope"}, "--listen \"nope\": must be host:port"},
 		{[]string{"--insecure-no-auth", "--drain-timeout", "-1s"}, "--drain-timeout"},
 		{[]string{"--insecure-no-auth", "--stale-cache-bytes", "lots"}, "--stale-cache-bytes"},

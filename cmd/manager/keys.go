@@ -2,90 +2,100 @@ package main
 
 import (
 	"context"
-	"strings"
+	"maps"
 	"sync"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
-	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/push"
 )
 
-// keyReplicator copies the agents' key Secret into each namespace that has a DownstreamQuota,
-// once per namespace and key set: a pod can mount Secrets of its own namespace only.
-type keyReplicator struct {
-	keys *push.AgentKeys
+// keyKeeper runs the manager's key schedule (push.KeyRing.Schedule): every tick it reads the
+// signing key Secret, adds a key when the newest is older than the rotation interval, withdraws
+// the keys the schedule retired, hands the signing key to the signing client and publishes the
+// public keys to the trust reconciler. Every decision is computed from the keys' creation times
+// in the Secret, so a restarted or new leader continues the same schedule.
+type keyKeeper struct {
+	keys     *push.SigningKeys
+	signer   *push.SigningClient
+	overlap  time.Duration
+	rotation time.Duration // 0: never rotate
+	tick     time.Duration
+	now      func() time.Time
+	log      logr.Logger
+	changes  chan<- event.GenericEvent
 
-	mu   sync.Mutex
-	ids  string            // the key set's ids, joined
-	done map[string]string // namespace → ids replicated there
+	mu    sync.Mutex
+	trust map[string]string // the trust ConfigMap's data; nil until the first sync
 }
 
-func newKeyReplicator(keys *push.AgentKeys, ks assignment.KeySet) *keyReplicator {
-	return &keyReplicator{keys: keys, ids: strings.Join(ks.IDs(), ","), done: map[string]string{}}
-}
+// NeedLeaderElection: only the leader rotates and publishes.
+func (k *keyKeeper) NeedLeaderElection() bool { return true }
 
-// ensure replicates the keys into namespace unless that was done for the current key set.
-func (r *keyReplicator) ensure(ctx context.Context, namespace string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done[namespace] == r.ids {
-		return nil
-	}
-	if err := r.keys.Replicate(ctx, namespace); err != nil {
-		return err
-	}
-	r.done[namespace] = r.ids
-	return nil
+// trustData is the trust ConfigMap's data (TrustReconciler.Data).
+func (k *keyKeeper) trustData() map[string]string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.trust
 }
-
-// rotated records a new key set and replicates it into every namespace that had the old one.
-func (r *keyReplicator) rotated(ctx context.Context, ks assignment.KeySet) {
-	r.mu.Lock()
-	r.ids = strings.Join(ks.IDs(), ",")
-	namespaces := make([]string, 0, len(r.done))
-	for ns := range r.done {
-		namespaces = append(namespaces, ns)
-	}
-	r.mu.Unlock()
-	for _, ns := range namespaces {
-		if err := r.ensure(ctx, ns); err != nil {
-			log.FromContext(ctx).Error(err, "replicating rotated agent keys", "namespace", ns)
-		}
-	}
-}
-
-// keyRotator rotates the agents' key every interval. The Secret keeps the previous key, so
-// agents that have not reloaded their key directory yet still verify; the signing client falls
-// back to it on 401/403.
-type keyRotator struct {
-	keys       *push.AgentKeys
-	every      time.Duration
-	signer     *push.SigningClient
-	replicator *keyReplicator
-}
-
-// NeedLeaderElection: only the leader rotates.
-func (k *keyRotator) NeedLeaderElection() bool { return true }
 
 // Start implements manager.Runnable.
-func (k *keyRotator) Start(ctx context.Context) error {
-	t := time.NewTicker(k.every)
+func (k *keyKeeper) Start(ctx context.Context) error {
+	t := time.NewTicker(k.tick)
 	defer t.Stop()
 	for {
+		if err := k.sync(ctx); err != nil {
+			k.log.Error(err, "agent key schedule")
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			ks, err := k.keys.Rotate(ctx)
-			if err != nil {
-				log.FromContext(ctx).Error(err, "rotating agent keys")
-				continue
-			}
-			k.signer.SetKeys(ks)
-			k.replicator.rotated(ctx, ks)
-			log.FromContext(ctx).Info("rotated agent keys", "ids", ks.IDs())
 		}
 	}
+}
+
+func (k *keyKeeper) sync(ctx context.Context) error {
+	now := k.now()
+	ring, err := k.keys.Ensure(ctx)
+	if err != nil {
+		return err
+	}
+	if k.rotation > 0 && !ring[len(ring)-1].Created.Add(k.rotation).After(now) {
+		if ring, err = k.keys.Rotate(ctx); err != nil {
+			return err
+		}
+		k.log.Info("new agent key published; it signs after the overlap", "id", ring[len(ring)-1].ID, "overlap", k.overlap)
+	}
+	s, _ := ring.Schedule(now, k.overlap)
+	if len(s.Withdraw) > 0 {
+		if ring, err = k.keys.Withdraw(ctx, s.Withdraw); err != nil {
+			return err
+		}
+		k.log.Info("agent keys withdrawn", "ids", s.Withdraw)
+		s, _ = ring.Schedule(now, k.overlap)
+	}
+	if prev := k.signer.SigningKeyID(); prev != s.Signing.ID {
+		k.log.Info("signing agent requests with a new key", "id", s.Signing.ID, "previous", prev)
+	}
+	k.signer.SetSchedule(s)
+	data, err := s.TrustData()
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	changed := !maps.Equal(k.trust, data)
+	k.trust = data
+	k.mu.Unlock()
+	if changed && k.changes != nil {
+		// One pending event stands for any number: each reconciles every namespace.
+		select {
+		case k.changes <- event.GenericEvent{Object: &corev1.Namespace{}}:
+		default:
+		}
+	}
+	return nil
 }

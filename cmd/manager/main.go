@@ -49,6 +49,8 @@ type options struct {
 	pushTimeout      time.Duration
 	pushWorkers      int
 	keyRotation      time.Duration
+	keyOverlap       time.Duration
+	trustConfigMap   string
 }
 
 func parseFlags(args []string) (options, *zap.Options, error) {
@@ -58,14 +60,16 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to; 0 disables them")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run under leader election so that only one manager pushes at a time")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", envOr("POD_NAMESPACE", "apportion-system"),
-		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, agent key Secret")
+		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, signing key Secret")
 	fs.StringVar(&o.watchNamespace, "namespace", "", "watch only this namespace (default: all)")
 	fs.DurationVar(&o.maxRuleHorizon, "max-degrade-horizon", controller.DefaultMaxDegradeHorizon, "the furthest a DegradeRule's expiresAt may lie in the future")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", push.DefaultLeaseTTL, "how long an agent keeps its permits without renewal")
 	fs.DurationVar(&o.renewEvery, "renew-every", push.DefaultRenewEvery, "how often every agent's lease is renewed")
 	fs.DurationVar(&o.pushTimeout, "push-timeout", push.DefaultPushTimeout, "bound on one control request to an agent")
 	fs.IntVar(&o.pushWorkers, "push-workers", push.DefaultWorkers, "control requests in flight at once")
-	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often the agents' HMAC key is rotated; 0 never")
+	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
+	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
+	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -88,8 +92,14 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	if o.pushWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--push-workers must be at least 1, got %d", o.pushWorkers))
 	}
-	if o.keyRotation < 0 || (o.keyRotation > 0 && o.keyRotation < 10*time.Minute) {
-		errs = append(errs, fmt.Errorf("--key-rotation-interval must be 0 or at least 10m (agents reload keys within minutes), got %s", o.keyRotation))
+	if o.keyOverlap < push.MinKeyOverlap {
+		errs = append(errs, fmt.Errorf("--key-overlap must be at least %s (the kubelet refreshes a ConfigMap volume within about a minute, the agent re-reads it every 30s), got %s", push.MinKeyOverlap, o.keyOverlap))
+	}
+	if o.keyRotation < 0 || (o.keyRotation > 0 && o.keyRotation <= 2*o.keyOverlap) {
+		errs = append(errs, fmt.Errorf("--key-rotation-interval must be 0 or longer than twice --key-overlap (%s), so that at most two keys are published, got %s", o.keyOverlap, o.keyRotation))
+	}
+	if o.trustConfigMap == "" {
+		errs = append(errs, errors.New("--trust-configmap must not be empty"))
 	}
 	if o.managerNamespace == "" {
 		errs = append(errs, errors.New("--manager-namespace must not be empty"))
@@ -126,8 +136,9 @@ func run(args []string) error {
 		// A leader that loses its lease stops at once; its pushes would be fenced by epoch anyway.
 		LeaderElectionReleaseOnCancel: true,
 	}
+	mopts.Cache = cache.Options{ByObject: controller.TrustCacheOptions()}
 	if o.watchNamespace != "" {
-		mopts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{o.watchNamespace: {}}}
+		mopts.Cache.DefaultNamespaces = map[string]cache.Config{o.watchNamespace: {}}
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), mopts)
 	if err != nil {
@@ -135,17 +146,24 @@ func run(args []string) error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 
-	// The agents' HMAC keys: created on first start, replicated into every namespace with a
-	// DownstreamQuota (a pod mounts Secrets of its own namespace only), rotated periodically.
-	keys := &push.AgentKeys{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace}
-	ks, err := keys.Ensure(ctx)
+	// The signing keys: Ed25519, private halves only in a Secret of the manager's namespace. The
+	// key keeper (leader only) runs the rotation schedule and publishes the public halves, which
+	// the trust reconciler keeps as a ConfigMap in every namespace with agents.
+	keys := &push.SigningKeys{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace}
+	ring, err := keys.Ensure(ctx)
 	if err != nil {
-		return fmt.Errorf("agent keys: %w", err)
+		return fmt.Errorf("signing keys: %w", err)
 	}
+	sched, _ := ring.Schedule(time.Now(), o.keyOverlap)
 	signer := push.NewSigningClient(&http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false,
-	}}, ks)
-	replicator := newKeyReplicator(keys, ks)
+	}}, sched)
+	trustChanges := make(chan event.GenericEvent, 1)
+	keeper := &keyKeeper{keys: keys, signer: signer, overlap: o.keyOverlap, rotation: o.keyRotation,
+		tick: min(o.keyOverlap/4, time.Minute), now: time.Now, log: ctrl.Log.WithName("keys"), changes: trustChanges}
+	if err := mgr.Add(keeper); err != nil {
+		return err
+	}
 
 	// The engine's changes refresh both kinds' status; each controller reads its own channel.
 	recorder := mgr.GetEventRecorder("apportion-manager")
@@ -185,24 +203,22 @@ func run(args []string) error {
 	if err := mgr.Add(engine); err != nil {
 		return err
 	}
-	if o.keyRotation > 0 {
-		if err := mgr.Add(&keyRotator{keys: keys, every: o.keyRotation, signer: signer, replicator: replicator}); err != nil {
-			return err
-		}
-	}
-
 	if err := controller.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexes: %w", err)
 	}
 	if err := (&controller.DownstreamQuotaReconciler{
-		Client:        mgr.GetClient(),
-		Recorder:      recorder,
-		Pusher:        engine,
-		Clock:         clock.RealClock{},
-		Changes:       quotaChanges,
-		KeyReplicator: replicator.ensure,
+		Client:   mgr.GetClient(),
+		Recorder: recorder,
+		Pusher:   engine,
+		Clock:    clock.RealClock{},
+		Changes:  quotaChanges,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("DownstreamQuota controller: %w", err)
+	}
+	if err := (&controller.TrustReconciler{
+		Client: mgr.GetClient(), Name: o.trustConfigMap, Data: keeper.trustData, Changes: trustChanges,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("trust controller: %w", err)
 	}
 	if err := (&controller.DegradeRuleReconciler{
 		Client:     mgr.GetClient(),

@@ -27,11 +27,14 @@ type Assignment struct {
 	// Generation orders this pod's assignments within one epoch.
 	Generation int64 `json:"generation"`
 	// Instance, when set, is the agent process (State.Instance) the manager believes it is
-	// talking to. An agent with another instance id refuses the push as stale (409 with its
-	// State): it restarted, and the manager must learn that — the old process's calls may still
-	// be running at the downstream — before it grants the new process anything.
+	// talking to; the signature names the same instance (Target.Instance). An agent with another
+	// instance id refuses the push (403 wrong-instance with its State, which Client reports as a
+	// StaleError; 409 without authentication): it restarted, and the manager must learn that —
+	// the old process's calls may still be running at the downstream — before it grants the new
+	// process anything.
 	Instance string `json:"instance,omitempty"`
-	// LeaseTTL is how long the assignment holds from the moment the agent accepts it. When it
+	// LeaseTTL is how long the assignment holds from the moment the agent accepts it (or from its
+	// signed time, when that is earlier: see package enforce). When it
 	// passes without renewal every downstream drops to min(Permits, SafeDefaultPermits).
 	LeaseTTL Duration `json:"leaseTTL"`
 	// Downstreams the pod may call, by name.

@@ -24,7 +24,7 @@ const (
 // Problem codes of the control API (Problem.Code).
 const (
 	CodeUnauthenticated   = "unauthenticated"        // 401
-	CodeForbidden         = "forbidden"              // 403
+	CodeForbidden         = "forbidden"              // 403; Problem.Reason says why (the Reason* constants)
 	CodeInvalidAssignment = "invalid-assignment"     // 400, Errors lists "path: message"
 	CodeStaleAssignment   = "stale-assignment"       // 409, State is the agent's
 	CodeTooLarge          = "body-too-large"         // 413
@@ -42,14 +42,26 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Code is a stable machine-readable code (the Code* constants).
 	Code string `json:"code,omitempty"`
+	// Reason is why a request was refused (CodeUnauthenticated, CodeForbidden): one of the
+	// Reason* constants.
+	Reason string `json:"reason,omitempty"`
 	// Errors lists every invalid field as "path: message" (CodeInvalidAssignment).
 	Errors []string `json:"errors,omitempty"`
-	// State is the agent's current State (CodeStaleAssignment).
+	// State is the agent's current State (CodeStaleAssignment, and CodeForbidden with
+	// ReasonWrongInstance: a push the manager addressed to the agent's previous process).
 	State *State `json:"state,omitempty"`
 }
 
 // maxStateBytes caps a State answer the client reads.
 const maxStateBytes = 8 << 20
+
+// Endpoint addresses one agent's control API.
+type Endpoint struct {
+	// URL is the control API's base URL ("http://10.1.2.3:15000").
+	URL string
+	// Pod is the agent's pod, "namespace/name": signatures are bound to it.
+	Pod string
+}
 
 // Client is the manager's side of the control API.
 type Client struct {
@@ -57,7 +69,7 @@ type Client struct {
 	// with deadlines.
 	HTTP *http.Client
 	// Key signs every request.
-	Key Key
+	Key SigningKey
 	// Now is the clock used for signatures; nil means time.Now.
 	Now func() time.Time
 }
@@ -97,10 +109,11 @@ func (e *StatusError) Error() string {
 	return b.String()
 }
 
-// Push validates a and PUTs it to the agent at baseURL ("http://10.1.2.3:15000"). It returns the
-// agent's State on 200, a *StaleError on 409, a *StatusError on other answers, or the
-// validation or transport error. Push never retries.
-func (c *Client) Push(ctx context.Context, baseURL string, a *Assignment) (*State, error) {
+// Push validates a and PUTs it to the agent at to, signed for to.Pod, a.Instance and a.Epoch. It
+// returns the agent's State on 200, a *StaleError on 409 and on a 403 wrong-instance that carries
+// the agent's State (it restarted: the push was addressed to its previous process), a
+// *StatusError on other answers, or the validation or transport error. Push never retries.
+func (c *Client) Push(ctx context.Context, to Endpoint, a *Assignment) (*State, error) {
 	if err := a.Validate(); err != nil {
 		return nil, fmt.Errorf("refusing to push an invalid assignment: %w", err)
 	}
@@ -108,15 +121,16 @@ func (c *Client) Push(ctx context.Context, baseURL string, a *Assignment) (*Stat
 	if err != nil {
 		return nil, err
 	}
-	return c.do(ctx, http.MethodPut, baseURL, PathAssignment, body)
+	return c.do(ctx, http.MethodPut, to.URL, PathAssignment, body, Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch})
 }
 
-// State GETs the agent's State at baseURL, with the same errors as Push.
-func (c *Client) State(ctx context.Context, baseURL string) (*State, error) {
-	return c.do(ctx, http.MethodGet, baseURL, PathState, nil)
+// State GETs the agent's State at to, signed for to.Pod and epoch (no instance: it may be the
+// first contact), with the same errors as Push.
+func (c *Client) State(ctx context.Context, to Endpoint, epoch int64) (*State, error) {
+	return c.do(ctx, http.MethodGet, to.URL, PathState, nil, Target{Pod: to.Pod, Epoch: epoch})
 }
 
-func (c *Client) do(ctx context.Context, method, baseURL, path string, body []byte) (*State, error) {
+func (c *Client) do(ctx context.Context, method, baseURL, path string, body []byte, to Target) (*State, error) {
 	var rd io.Reader = http.NoBody
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -133,7 +147,7 @@ func (c *Client) do(ctx context.Context, method, baseURL, path string, body []by
 	if c.Now != nil {
 		now = c.Now
 	}
-	Sign(req, body, c.Key, now())
+	Sign(req, body, c.Key, to, now())
 	hc := c.HTTP
 	if hc == nil {
 		hc = http.DefaultClient
@@ -161,7 +175,8 @@ func (c *Client) do(ctx context.Context, method, baseURL, path string, body []by
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/problem+json" || mt == "application/json" {
 		_ = json.Unmarshal(data, &p)
 	}
-	if resp.StatusCode == http.StatusConflict && p.State != nil {
+	if p.State != nil && (resp.StatusCode == http.StatusConflict ||
+		(resp.StatusCode == http.StatusForbidden && p.Reason == ReasonWrongInstance)) {
 		return nil, &StaleError{State: *p.State, Detail: p.Detail}
 	}
 	if p.Title == "" && p.Detail == "" {

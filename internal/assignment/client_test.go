@@ -14,11 +14,11 @@ import (
 )
 
 func TestClient(t *testing.T) {
-	keys := mustKeySet(t, keyNew)
+	keys := mustTrust(t, keyNew)
 	var answer func(w http.ResponseWriter, a *Assignment)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if err := Verify(r, body, keys, testNow); err != nil {
+		if _, err := Verify(r, body, keys, self, r.Method == http.MethodGet, testNow); err != nil {
 			t.Errorf("server: %v", err)
 			w.WriteHeader(http.StatusForbidden)
 			return
@@ -43,6 +43,8 @@ func TestClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.Instance = self.Instance
+	to := Endpoint{URL: srv.URL, Pod: self.Pod}
 	ctx := context.Background()
 
 	writeJSON := func(w http.ResponseWriter, ct string, status int, v any) {
@@ -58,14 +60,14 @@ func TestClient(t *testing.T) {
 		writeJSON(w, "application/json", 200, State{Epoch: got.Epoch, Generation: got.Generation, Configured: true,
 			Downstreams: []DownstreamState{{Name: "payments", Permits: 12, EffectivePermits: 12, InFlight: 3}}})
 	}
-	st, err := c.Push(ctx, srv.URL+"/", a)
+	st, err := c.Push(ctx, Endpoint{URL: srv.URL + "/", Pod: self.Pod}, a)
 	if err != nil {
 		t.Fatalf("Push: %v", err)
 	}
 	if st.Epoch != 3 || st.Generation != 17 || st.Downstreams[0].InFlight != 3 {
 		t.Fatalf("state = %+v", st)
 	}
-	if st, err = c.State(ctx, srv.URL); err != nil || !st.Configured {
+	if st, err = c.State(ctx, to, 3); err != nil || !st.Configured {
 		t.Fatalf("State = %+v, %v", st, err)
 	}
 
@@ -73,24 +75,42 @@ func TestClient(t *testing.T) {
 		writeJSON(w, "application/problem+json", 409, Problem{Title: "stale", Status: 409, Code: CodeStaleAssignment,
 			State: &State{Epoch: 4, Generation: 1, Configured: true}})
 	}
-	_, err = c.Push(ctx, srv.URL, a)
+	_, err = c.Push(ctx, to, a)
 	var stale *StaleError
 	if !errors.As(err, &stale) || stale.State.Epoch != 4 {
 		t.Fatalf("Push on 409 = %v, want *StaleError with epoch 4", err)
+	}
+
+	// A 403 wrong-instance with the State: the agent restarted; the engine learns it as from a 409.
+	answer = func(w http.ResponseWriter, _ *Assignment) {
+		writeJSON(w, "application/problem+json", 403, Problem{Title: "Forbidden", Status: 403, Code: CodeForbidden,
+			Reason: ReasonWrongInstance, State: &State{Instance: "new", Epoch: 3, Generation: 0}})
+	}
+	_, err = c.Push(ctx, to, a)
+	if !errors.As(err, &stale) || stale.State.Instance != "new" {
+		t.Fatalf("Push on 403 wrong-instance = %v, want *StaleError with the new instance", err)
+	}
+	// Any other 403 is a StatusError with its reason.
+	answer = func(w http.ResponseWriter, _ *Assignment) {
+		writeJSON(w, "application/problem+json", 403, Problem{Title: "Forbidden", Status: 403, Code: CodeForbidden, Reason: ReasonUnknownKey})
+	}
+	_, err = c.Push(ctx, to, a)
+	if se := new(StatusError); !errors.As(err, &se) || se.StatusCode != 403 || se.Problem.Reason != ReasonUnknownKey {
+		t.Fatalf("Push on 403 unknown-key = %v", err)
 	}
 
 	answer = func(w http.ResponseWriter, _ *Assignment) {
 		writeJSON(w, "application/problem+json", 400, Problem{Title: "invalid", Status: 400, Code: CodeInvalidAssignment,
 			Detail: "the assignment is invalid", Errors: []string{"downstreams[0].permits: must be between 0 and 1000000"}})
 	}
-	_, err = c.Push(ctx, srv.URL, a)
+	_, err = c.Push(ctx, to, a)
 	var se *StatusError
 	if !errors.As(err, &se) || se.StatusCode != 400 || !strings.Contains(err.Error(), "downstreams[0].permits") {
 		t.Fatalf("Push on 400 = %v", err)
 	}
 
 	answer = func(w http.ResponseWriter, _ *Assignment) { http.Error(w, "boom", 500) }
-	if _, err = c.State(ctx, srv.URL); !errors.As(err, &se) || se.StatusCode != 500 || !strings.Contains(err.Error(), "boom") {
+	if _, err = c.State(ctx, to, 3); !errors.As(err, &se) || se.StatusCode != 500 || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("State on 500 = %v", err)
 	}
 
@@ -98,7 +118,7 @@ func TestClient(t *testing.T) {
 	bad := *a
 	bad.Epoch = 0
 	answer = func(w http.ResponseWriter, _ *Assignment) { t.Error("invalid assignment was sent") }
-	if _, err = c.Push(ctx, srv.URL, &bad); err == nil || !strings.Contains(err.Error(), "epoch") {
+	if _, err = c.Push(ctx, to, &bad); err == nil || !strings.Contains(err.Error(), "epoch") {
 		t.Fatalf("Push(invalid) = %v", err)
 	}
 }

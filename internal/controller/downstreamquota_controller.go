@@ -53,10 +53,6 @@ type DownstreamQuotaReconciler struct {
 	// Changes carries quota keys whose push state changed (acks, failures) so that their
 	// status is refreshed; may be nil.
 	Changes <-chan event.GenericEvent
-	// KeyReplicator makes the agents' key Secret available in a quota's namespace, where its pods
-	// mount it; may be nil.
-	KeyReplicator func(ctx context.Context, namespace string) error
-
 	// decided remembers, per quota, the targets of the last status this reconciler computed. The
 	// cached status can lag behind a write just made, and a rebalance Event must describe the
 	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
@@ -70,7 +66,6 @@ type DownstreamQuotaReconciler struct {
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups="",resources=secrets;configmaps,verbs=get;create;update
 
 // Reconcile implements reconcile.Reconciler.
 func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -84,12 +79,6 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
-	}
-
-	if r.KeyReplicator != nil {
-		if err := r.KeyReplicator(ctx, dq.Namespace); err != nil {
-			return ctrl.Result{}, fmt.Errorf("agent keys for namespace %s: %w", dq.Namespace, err)
-		}
 	}
 
 	// The last status decided (the cached one can lag behind a write just made): the safe

@@ -1,6 +1,8 @@
 package push
 
 import (
+	"bytes"
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -34,7 +36,13 @@ func newTestBackend(now func() time.Time) *testBackend {
 	return &testBackend{now: now, inflight: map[string]int32{}}
 }
 
-func (b *testBackend) Apply(a *assignment.Assignment) (assignment.State, error) {
+// Instance: the test backend has none (the engine tests fake restarts otherwise), so pushes are
+// signed for instance "".
+func (b *testBackend) Instance() string { return "" }
+
+// Apply implements control.Backend; the lease counts from acceptance (the engine's model: a
+// signed time only ever ends a lease earlier).
+func (b *testBackend) Apply(a *assignment.Assignment, _ time.Time) (assignment.State, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.configured {
@@ -122,20 +130,21 @@ type testAgent struct {
 
 var quietLog = slog.New(slog.DiscardHandler)
 
-var testKey = assignment.Key{ID: "k20260701-120000", Secret: []byte("0123456789abcdef0123456789abcdef-test-secret")}
+var testKey = assignment.SigningKey{ID: "k20260701-120000", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, ed25519.SeedSize))}
 
-func testKeys(t testing.TB) assignment.KeySet {
-	ks, err := assignment.NewKeySet(testKey)
+// testKeys is a schedule that signs with testKey.
+func testKeys(testing.TB) Schedule {
+	return Schedule{Signing: testKey, Published: []assignment.SigningKey{testKey}}
+}
+
+// newTestAgent serves a test backend as pod ("namespace/name"), trusting testKey.
+func newTestAgent(t testing.TB, now func() time.Time, pod string) *testAgent {
+	ts, err := assignment.NewTrustSet(testKey.Public())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ks
-}
-
-func newTestAgent(t testing.TB, now func() time.Time) *testAgent {
-	ks := testKeys(t)
 	ta := &testAgent{b: newTestBackend(now), release: make(chan struct{})}
-	h := control.New(control.Options{Backend: ta.b, Keys: func() assignment.KeySet { return ks }, Logger: quietLog})
+	h := control.New(control.Options{Backend: ta.b, Trust: func() assignment.TrustSet { return ts }, Pod: pod, Logger: quietLog})
 	ta.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ta.calls.Add(1)
 		switch ta.mode.Load() {

@@ -36,7 +36,7 @@ func benchConverge(b *testing.B, n int) {
 	clk := testingclock.NewFakeClock(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
 	agents := make([]*testAgent, n)
 	for i := range agents {
-		agents[i] = newTestAgent(b, clk.Now)
+		agents[i] = newTestAgent(b, clk.Now, fmt.Sprintf("%s/p%03d", qKey.Namespace, i))
 	}
 	notify := make(chan struct{}, 1)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 4 * n, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}}

@@ -1,17 +1,16 @@
 package push
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -19,125 +18,160 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-func TestAgentKeysEnsureRotateReplicate(t *testing.T) {
+func ids(keys []assignment.SigningKey) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, k.ID)
+	}
+	return out
+}
+
+// TestKeySchedule walks a rotation: published at once, signing after the overlap, the previous
+// key withdrawn an overlap later.
+func TestKeySchedule(t *testing.T) {
+	t0 := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+	ov := 10 * time.Minute
+	k := func(id string, created time.Time) RingKey {
+		return RingKey{SigningKey: assignment.SigningKey{ID: id}, Created: created}
+	}
+	if _, ok := (KeyRing{}).Schedule(t0, ov); ok {
+		t.Fatal("an empty ring has a schedule")
+	}
+	fresh := KeyRing{k("a", t0)}
+	if s, _ := fresh.Schedule(t0, ov); s.Signing.ID != "a" || !slices.Equal(ids(s.Published), []string{"a"}) {
+		t.Fatalf("a fresh ring's only key signs at once: %+v", s)
+	}
+	rotated := KeyRing{k("a", t0), k("b", t0.Add(time.Hour))}
+	for _, tc := range []struct {
+		at        time.Duration
+		signing   string
+		published []string
+		withdraw  []string
+	}{
+		{time.Hour, "a", []string{"a", "b"}, nil},                      // just published
+		{time.Hour + ov - time.Second, "a", []string{"a", "b"}, nil},   // still within the overlap
+		{time.Hour + ov, "b", []string{"a", "b"}, nil},                 // b signs; a still trusted
+		{time.Hour + 2*ov - time.Second, "b", []string{"a", "b"}, nil}, //
+		{time.Hour + 2*ov, "b", []string{"b"}, []string{"a"}},          // a withdrawn
+		{time.Hour - time.Minute, "a", []string{"a", "b"}, nil},        // clock behind b's creation
+		{100 * time.Hour, "b", []string{"b"}, []string{"a"}},           // long after
+	} {
+		s, _ := rotated.Schedule(t0.Add(tc.at), ov)
+		if s.Signing.ID != tc.signing || !slices.Equal(ids(s.Published), tc.published) || !slices.Equal(s.Withdraw, tc.withdraw) {
+			t.Errorf("at +%s: signing %s published %v withdraw %v; want %s %v %v", tc.at, s.Signing.ID, ids(s.Published), s.Withdraw,
+				tc.signing, tc.published, tc.withdraw)
+		}
+		if !slices.Contains(ids(s.Published), s.Signing.ID) {
+			t.Errorf("at +%s: the signing key is not published", tc.at)
+		}
+	}
+}
+
+func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientBuilder().Build()
 	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	k := &AgentKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: func() time.Time { return now }}
+	k := &SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: func() time.Time { return now }}
 
-	ks, err := k.Ensure(ctx)
+	ring, err := k.Ensure(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, _ := ks.Current()
-	if ks.Len() != 1 || cur.ID != "k20260701-120000" || len(cur.Secret) != AgentKeyBytes {
-		t.Fatalf("ensured %v (%d bytes)", ks.IDs(), len(cur.Secret))
+	if len(ring) != 1 || ring[0].ID != "k20260701-120000" || !ring[0].Created.Equal(now) {
+		t.Fatalf("ensured %+v", ring)
 	}
 	var s corev1.Secret
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: DefaultAgentKeySecret}, &s); err != nil {
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: DefaultSigningKeySecret}, &s); err != nil {
 		t.Fatal(err)
 	}
-	if s.Type != corev1.SecretTypeOpaque || len(s.OwnerReferences) != 0 {
-		t.Fatalf("secret type %q owners %v", s.Type, s.OwnerReferences)
+	if s.Type != corev1.SecretTypeOpaque || len(s.OwnerReferences) != 0 || s.Labels[managedByLabel] != managedByValue {
+		t.Fatalf("secret type %q owners %v labels %v", s.Type, s.OwnerReferences, s.Labels)
 	}
-	// Ensure again: unchanged.
-	ks2, err := k.Ensure(ctx)
-	if err != nil {
+	again, err := k.Ensure(ctx)
+	if err != nil || !again[0].Private.Equal(ring[0].Private) {
+		t.Fatalf("Ensure replaced an existing key: %v", err)
+	}
+	// Rotate twice in the same second: ids keep sorting by creation.
+	if _, err = k.Rotate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if c2, _ := ks2.Current(); !bytes.Equal(c2.Secret, cur.Secret) {
-		t.Fatal("Ensure replaced an existing key")
+	if ring, err = k.Rotate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(ring) != 3 || ring[1].ID != "k20260701-120000-1" || ring[2].ID != "k20260701-120000-1-1" {
+		t.Fatalf("after rotations: %+v", ring)
+	}
+	loaded, err := k.Load(ctx)
+	if err != nil || len(loaded) != 3 || !loaded[2].Private.Equal(ring[2].Private) || !loaded[2].Created.Equal(now) {
+		t.Fatalf("Load = %+v, %v", loaded, err)
+	}
+	if ring, err = k.Withdraw(ctx, []string{ring[0].ID, ring[1].ID}); err != nil || len(ring) != 1 || ring[0].ID != "k20260701-120000-1-1" {
+		t.Fatalf("Withdraw = %+v, %v", ring, err)
 	}
 
-	// Rotate twice in the same second: the new id sorts last, the previous is kept, older dropped.
-	ks, err = k.Rotate(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ids := ks.IDs(); len(ids) != 2 || ids[0] != "k20260701-120000" || ids[1] != "k20260701-120000-1" {
-		t.Fatalf("after rotation: %v", ids)
-	}
-	now = now.Add(time.Hour)
-	ks, err = k.Rotate(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ids := ks.IDs(); len(ids) != 2 || ids[0] != "k20260701-120000-1" || ids[1] != "k20260701-130000" {
-		t.Fatalf("after the second rotation: %v", ids)
-	}
-
-	// The copy in a workload namespace follows the original.
-	if err := k.Replicate(ctx, "shop"); err != nil {
-		t.Fatal(err)
-	}
-	var cp corev1.Secret
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: DefaultAgentKeySecret}, &cp); err != nil {
-		t.Fatal(err)
-	}
-	if len(cp.Data) != 2 || cp.Labels[managedByLabel] != managedByValue {
-		t.Fatalf("copy %v %v", cp.Labels, len(cp.Data))
-	}
-	now = now.Add(time.Hour)
-	if _, err := k.Rotate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Replicate(ctx, "shop"); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: DefaultAgentKeySecret}, &cp)
-	if _, ok := cp.Data["k20260701-140000"]; !ok {
-		t.Fatalf("copy not updated: %v", cp.Data)
-	}
-	// Someone else's Secret of that name is not overwritten.
-	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: DefaultAgentKeySecret}, Data: map[string][]byte{"x": []byte("y")}}
-	if err := c.Create(ctx, other); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Replicate(ctx, "other"); err == nil {
-		t.Fatal("overwrote a foreign Secret")
-	}
-
-	// What the Secret looks like mounted is what the agent loads.
-	ks, err = k.Load(ctx)
+	// What the trust ConfigMap holds, mounted, is what the agent verifies the signer with.
+	sched, _ := ring.Schedule(now, DefaultKeyOverlap)
+	data, err := sched.TrustData()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for id, v := range cp.Data {
-		if err := os.WriteFile(filepath.Join(dir, id), v, 0o400); err != nil {
+	for name, v := range data {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o444); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mounted, err := assignment.LoadKeyDir(dir)
+	trust, err := assignment.LoadTrustDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := ks.Current()
-	b, _ := mounted.Current()
-	if a.ID != b.ID || !bytes.Equal(a.Secret, b.Secret) {
-		t.Fatalf("manager signs with %s, agent's current is %s", a.ID, b.ID)
+	b := newTestBackend(time.Now)
+	srv := httptest.NewServer(control.New(control.Options{Backend: b, Trust: func() assignment.TrustSet { return trust }, Pod: "ns/p", Logger: quietLog}))
+	defer srv.Close()
+	if _, err := NewSigningClient(&http.Client{}, sched).State(ctx, assignment.Endpoint{URL: srv.URL, Pod: "ns/p"}, 1); err != nil {
+		t.Fatalf("the agent refused the manager's signature: %v", err)
+	}
+	for _, v := range data {
+		for _, rk := range ring {
+			if pem, _ := assignment.MarshalPrivateKey(rk.Private); string(pem) == v {
+				t.Fatal("the trust data holds a private key")
+			}
+		}
 	}
 }
 
-// After a rotation, agents that still have only the previous key answer 403 to the new key's
-// signature; the SigningClient falls back to the previous key.
-func TestSigningClientFallsBackToThePreviousKey(t *testing.T) {
-	old := assignment.Key{ID: "k1", Secret: bytes.Repeat([]byte{1}, 48)}
-	nu := assignment.Key{ID: "k2", Secret: bytes.Repeat([]byte{2}, 48)}
-	agentKeys, _ := assignment.NewKeySet(old)
+// An agent that has not picked up the signing key yet answers 403 unknown-key; the SigningClient
+// then tries the other published keys.
+func TestSigningClientFallsBackOnUnknownKey(t *testing.T) {
+	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+	fc := fake.NewClientBuilder().Build()
+	k := &SigningKeys{Reader: fc, Writer: fc, Now: func() time.Time { return now }}
+	if _, err := k.Ensure(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Hour)
+	ring, err := k.Rotate(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := ring[0].SigningKey
+	agentTrust, _ := assignment.NewTrustSet(old.Public())
 	b := newTestBackend(time.Now)
-	srv := httptest.NewServer(control.New(control.Options{Backend: b, Keys: func() assignment.KeySet { return agentKeys }, Logger: quietLog}))
+	srv := httptest.NewServer(control.New(control.Options{Backend: b, Trust: func() assignment.TrustSet { return agentTrust }, Pod: "ns/p", Logger: quietLog}))
 	defer srv.Close()
+	to := assignment.Endpoint{URL: srv.URL, Pod: "ns/p"}
 
-	both, _ := assignment.NewKeySet(old, nu)
-	c := NewSigningClient(&http.Client{}, both)
-	st, err := c.State(context.Background(), srv.URL)
-	if err != nil || st == nil {
+	sched, _ := ring.Schedule(now.Add(DefaultKeyOverlap), DefaultKeyOverlap) // the new key signs
+	if sched.Signing.ID == old.ID {
+		t.Fatal("the new key does not sign after the overlap")
+	}
+	c := NewSigningClient(&http.Client{}, sched)
+	if st, err := c.State(context.Background(), to, 1); err != nil || st == nil {
 		t.Fatalf("state with fallback: %v", err)
 	}
-	onlyNew, _ := assignment.NewKeySet(nu)
-	c.SetKeys(onlyNew)
-	if _, err := c.State(context.Background(), srv.URL); err == nil {
-		t.Fatal("a key the agent does not know was accepted")
+	onlyNew := Schedule{Signing: sched.Signing, Published: []assignment.SigningKey{sched.Signing}}
+	c.SetSchedule(onlyNew)
+	if _, err := c.State(context.Background(), to, 1); err == nil {
+		t.Fatal("a key the agent does not trust was accepted")
 	}
 }

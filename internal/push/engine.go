@@ -272,8 +272,11 @@ func (e *Engine) worker(ctx context.Context) {
 		if w == nil {
 			continue
 		}
+		// The pod's identity and the epoch, read under the lock: the signature is bound to them.
+		to := assignment.Endpoint{URL: w.endpoint, Pod: w.pod.namespace + "/" + w.pod.name}
+		epoch := e.c.epoch
 		e.mu.Unlock()
-		st, err := e.do(ctx, w)
+		st, err := e.do(ctx, w, to, epoch)
 		e.mu.Lock()
 		if e.stopping {
 			return
@@ -284,16 +287,16 @@ func (e *Engine) worker(ctx context.Context) {
 }
 
 // do sends one request, bounded by PushTimeout, and records its metrics.
-func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, error) {
+func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
 	rctx, cancel := context.WithTimeout(ctx, e.o.PushTimeout)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
 	var err error
 	if w.kind == kindPush {
-		st, err = e.o.Client.Push(rctx, w.endpoint, w.a)
+		st, err = e.o.Client.Push(rctx, to, w.a)
 	} else {
-		st, err = e.o.Client.State(rctx, w.endpoint)
+		st, err = e.o.Client.State(rctx, to, epoch)
 	}
 	if err == nil && st == nil {
 		err = errors.New("agent client returned no state")

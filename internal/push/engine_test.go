@@ -42,7 +42,7 @@ func newRig(t *testing.T, n int, clk *testingclock.FakeClock, agents []*testAgen
 	}
 	r := &engineRig{t: t, clk: clk, agents: agents, reg: prometheus.NewRegistry()}
 	for len(r.agents) < n {
-		r.agents = append(r.agents, newTestAgent(t, clk.Now))
+		r.agents = append(r.agents, newTestAgent(t, clk.Now, fmt.Sprintf("%s/p%d", qKey.Namespace, len(r.agents))))
 	}
 	o := Options{
 		Client:      NewSigningClient(&http.Client{}, testKeys(t)),

@@ -168,11 +168,11 @@ func newHarness(t testing.TB, mut func(*Options)) *harness {
 
 type nopClient struct{}
 
-func (nopClient) Push(context.Context, string, *assignment.Assignment) (*assignment.State, error) {
+func (nopClient) Push(context.Context, assignment.Endpoint, *assignment.Assignment) (*assignment.State, error) {
 	return nil, fmt.Errorf("nop")
 }
 
-func (nopClient) State(context.Context, string) (*assignment.State, error) {
+func (nopClient) State(context.Context, assignment.Endpoint, int64) (*assignment.State, error) {
 	return nil, fmt.Errorf("nop")
 }
 

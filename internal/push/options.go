@@ -34,9 +34,13 @@ const (
 // *assignment.StaleError (with the agent's State) when the agent holds a newer
 // (Epoch, Generation), an *assignment.StatusError for any other answer, or the transport error.
 // State GETs the agent's State with the same errors.
+//
+// Every request is addressed to one pod (assignment.Endpoint: its control URL and
+// "namespace/name"), which a signing client binds its signature to, with the epoch (State) or
+// the Assignment's epoch and instance (Push).
 type AgentClient interface {
-	Push(ctx context.Context, baseURL string, a *assignment.Assignment) (*assignment.State, error)
-	State(ctx context.Context, baseURL string) (*assignment.State, error)
+	Push(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment) (*assignment.State, error)
+	State(ctx context.Context, to assignment.Endpoint, epoch int64) (*assignment.State, error)
 }
 
 // EpochSource hands out the manager's fencing epoch. Every call must return a value greater

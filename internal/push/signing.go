@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// SigningClient is an AgentClient that signs with the current key of a KeySet (the id that sorts
-// last) and, when an agent answers 401 or 403 (it has not loaded that key yet, typically right
-// after a rotation), tries the other keys, newest first. Such an answer means the request was
-// not accepted, so trying again is safe. The keys can be swapped at run time with SetKeys.
+// SigningClient is an AgentClient that signs every request with the schedule's signing key (see
+// KeyRing.Schedule) and, when an agent answers 403 unknown-key (it has not picked up that key,
+// e.g. its kubelet refreshed the trust volume late), tries the other published keys, newest
+// first. Such an answer means the request was not accepted, so trying again is safe. The
+// schedule can be swapped at run time with SetSchedule.
 type SigningClient struct {
 	// HTTP sends the requests; nil means http.DefaultClient. The engine bounds each request
 	// with Options.PushTimeout through its context.
@@ -22,43 +22,54 @@ type SigningClient struct {
 	// Now is the clock for signatures; nil means time.Now.
 	Now func() time.Time
 
-	keys atomic.Pointer[assignment.KeySet]
+	sched atomic.Pointer[Schedule]
 }
 
-// NewSigningClient returns a SigningClient with keys.
-func NewSigningClient(hc *http.Client, keys assignment.KeySet) *SigningClient {
+// NewSigningClient returns a SigningClient with schedule s.
+func NewSigningClient(hc *http.Client, s Schedule) *SigningClient {
 	c := &SigningClient{HTTP: hc}
-	c.SetKeys(keys)
+	c.SetSchedule(s)
 	return c
 }
 
-// SetKeys replaces the keys.
-func (c *SigningClient) SetKeys(keys assignment.KeySet) { c.keys.Store(&keys) }
+// SetSchedule replaces the keys.
+func (c *SigningClient) SetSchedule(s Schedule) { c.sched.Store(&s) }
+
+// SigningKeyID is the id of the key that signs now ("" when none).
+func (c *SigningClient) SigningKeyID() string {
+	if s := c.sched.Load(); s != nil {
+		return s.Signing.ID
+	}
+	return ""
+}
 
 // Push implements AgentClient.
-func (c *SigningClient) Push(ctx context.Context, baseURL string, a *assignment.Assignment) (*assignment.State, error) {
-	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.Push(ctx, baseURL, a) })
+func (c *SigningClient) Push(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment) (*assignment.State, error) {
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.Push(ctx, to, a) })
 }
 
 // State implements AgentClient.
-func (c *SigningClient) State(ctx context.Context, baseURL string) (*assignment.State, error) {
-	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.State(ctx, baseURL) })
+func (c *SigningClient) State(ctx context.Context, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.State(ctx, to, epoch) })
 }
 
 func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, error)) (*assignment.State, error) {
-	ks := c.keys.Load()
-	if ks == nil || ks.Len() == 0 {
+	s := c.sched.Load()
+	if s == nil || s.Signing.Private == nil {
 		return nil, errors.New("push: no signing key")
 	}
-	ids := ks.IDs()
-	slices.Reverse(ids)
+	keys := []assignment.SigningKey{s.Signing}
+	for i := len(s.Published) - 1; i >= 0; i-- {
+		if s.Published[i].ID != s.Signing.ID {
+			keys = append(keys, s.Published[i])
+		}
+	}
 	var err error
-	for _, id := range ids {
-		k, _ := ks.Key(id)
+	for _, k := range keys {
 		var st *assignment.State
 		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Now: c.Now})
 		var se *assignment.StatusError
-		if !errors.As(err, &se) || (se.StatusCode != http.StatusUnauthorized && se.StatusCode != http.StatusForbidden) {
+		if !errors.As(err, &se) || se.StatusCode != http.StatusForbidden || se.Problem.Reason != assignment.ReasonUnknownKey {
 			return st, err
 		}
 	}

@@ -117,7 +117,7 @@ func waitAll(ctx context.Context, c *assignment.Client, agents []*harness.Agent,
 				defer func() { <-sem }()
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
-				st, err := c.State(rctx, a.ControlURL())
+				st, err := c.State(rctx, a.Endpoint(), 0)
 				if err != nil {
 					return
 				}

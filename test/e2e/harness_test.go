@@ -2,14 +2,15 @@ package e2e
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -27,14 +28,15 @@ func TestHarnessDetectsViolations(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	keyDir := filepath.Join(dir, "keys")
-	if err := os.MkdirAll(keyDir, 0o700); err != nil {
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(keyDir, "k1"), []byte("0123456789abcdef0123456789abcdef-e2e"), 0o600); err != nil {
+	keys, err := harness.NewStaticTrustDir(filepath.Join(dir, "trust"), assignment.SigningKey{ID: "k1", Private: priv})
+	if err != nil {
 		t.Fatal(err)
 	}
-	keys := &harness.KeyDir{Dir: keyDir}
+	keyDir := keys.Dir
 	bin := &harness.Binaries{Agent: fake}
 	ips := harness.NewIPPool()
 
@@ -51,7 +53,7 @@ func TestHarnessDetectsViolations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := harness.NewAgent(bin, fmt.Sprintf("pod-%d", i), ip, keyDir, dir,
+			a := harness.NewAgent(bin, "e2e", fmt.Sprintf("pod-%d", i), ip, keyDir, dir,
 				"--upstream="+ds.URL, "--permits="+strconv.Itoa(permits))
 			if err := a.Start(ctx); err != nil {
 				t.Fatal(err)

@@ -10,8 +10,10 @@
 //	                     400 problem+json, code invalid-assignment: not valid; "errors" lists
 //	                         every field as "path: message". Nothing was applied.
 //	                     409 problem+json, code stale-assignment: (epoch, generation) is below
-//	                         the pair held, or the push is addressed to another agent process;
-//	                         "state" is the agent's State. Nothing was applied.
+//	                         the pair held (or, without authentication, the body's instance is
+//	                         another agent process); "state" is the agent's State. Nothing was
+//	                         applied.
+//	                     401/403: see Authentication below.
 //	                     503 problem+json, code agent-stalled, Retry-After 1: the process was
 //	                         frozen or starved just now (Options.Stalled), so the push may be
 //	                         older than the manager expects any push to land. Nothing was applied.
@@ -23,22 +25,31 @@
 //	                     until shutdown starts; 503 otherwise.
 //	GET /metrics         Prometheus exposition of the agent's own registry.
 //
-// Authentication (package assignment: Sign/Verify): a request without an
-// "Authorization: Apportion-HMAC-SHA256 ..." header gets 401 (code unauthenticated); a forged
-// signature, unknown key id or a timestamp more than 2 minutes off gets 403 (code forbidden).
-// Both are logged at warn with the reason and the key id, never a secret. Authentication is
-// checked before the body is parsed. An unknown path gets 404, a wrong method 405 with Allow.
+// Authentication (package assignment: Sign/Verify): every control request must carry an
+// "Authorization: Apportion-Ed25519 ..." signature by a key of the agent's trust set, made for this
+// pod (Options.Pod) and, for a push, this process (Backend.Instance), within 2 minutes of the
+// agent's clock. Without the header: 401 (code unauthenticated). Otherwise refused: 403 (code
+// forbidden) with "reason" one of assignment's Reason* constants — unknown-key, bad-signature,
+// stale-timestamp, wrong-pod, wrong-instance (with the agent's State, so that the manager learns
+// of the restart), binding-mismatch (a push whose signed epoch or instance is not its body's),
+// malformed. Every refusal is logged at warn with the reason and the key id, never key material,
+// and counted by Options.Rejected (apportion_agent_rejected_pushes_total{reason}); nothing is
+// applied. Authentication is checked before the body is parsed. An accepted push's lease ends no
+// later than its signed time + LeaseTTL (Backend.Apply), so a replay cannot extend it. An unknown
+// path gets 404, a wrong method 405 with Allow.
 package control
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/assignment"
@@ -46,10 +57,13 @@ import (
 
 // Backend is what the control API drives.
 type Backend interface {
-	// Apply applies a validated assignment, or renews the lease when the pair is the one held.
-	// It returns the State after the call; for a stale pair an error wrapping
-	// assignment.ErrStale and the State held.
-	Apply(a *assignment.Assignment) (assignment.State, error)
+	// Apply applies a validated assignment, or renews the lease when the pair is the one held,
+	// with the lease ending no later than signed + a.LeaseTTL (signed is the signature's time;
+	// zero without authentication). It returns the State after the call; for a stale pair an
+	// error wrapping assignment.ErrStale and the State held.
+	Apply(a *assignment.Assignment, signed time.Time) (assignment.State, error)
+	// Instance is the agent process's id (assignment.State.Instance), which pushes are signed for.
+	Instance() string
 	// State is the current State.
 	State() assignment.State
 	// Ready reports readiness.
@@ -59,9 +73,13 @@ type Backend interface {
 // Options configure the handler.
 type Options struct {
 	Backend Backend
-	// Keys returns the keys requests are verified with (it is called per request, so the
-	// keys can be reloaded); nil disables authentication (--insecure-no-auth).
-	Keys func() assignment.KeySet
+	// Trust returns the public keys requests are verified with (it is called per request, so
+	// the keys can be reloaded); nil disables authentication (--insecure-no-auth).
+	Trust func() assignment.TrustSet
+	// Pod is this agent's pod, "namespace/name": requests must be signed for it.
+	Pod string
+	// Rejected counts a request refused by authentication, by reason; nil: not counted.
+	Rejected func(reason string)
 	// Clock is the time for signature checks; nil means the real clock.
 	Clock clock.Clock
 	// Metrics serves GET /metrics; nil answers 404.
@@ -125,7 +143,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !h.method(w, r, http.MethodGet) {
 			return
 		}
-		if !h.authenticate(w, r, nil) {
+		if _, ok := h.authenticate(w, r, nil, true); !ok {
 			return
 		}
 		writeJSON(w, http.StatusOK, h.o.Backend.State())
@@ -151,25 +169,43 @@ func (h *handler) method(w http.ResponseWriter, r *http.Request, allowed ...stri
 	return false
 }
 
-// authenticate verifies the signature over body and answers 401/403 when it fails.
-func (h *handler) authenticate(w http.ResponseWriter, r *http.Request, body []byte) bool {
-	if h.o.Keys == nil {
-		return true
+// authenticate verifies the signature over body and answers 401/403 when it fails. Without
+// authentication (--insecure-no-auth) it accepts everything, with a zero Verified.
+func (h *handler) authenticate(w http.ResponseWriter, r *http.Request, body []byte, instanceOptional bool) (assignment.Verified, bool) {
+	if h.o.Trust == nil {
+		return assignment.Verified{}, true
 	}
-	err := assignment.Verify(r, body, h.o.Keys(), h.o.Clock.Now())
+	self := assignment.Self{Pod: h.o.Pod, Instance: h.o.Backend.Instance()}
+	v, err := assignment.Verify(r, body, h.o.Trust(), self, instanceOptional, h.o.Clock.Now())
 	if err == nil {
-		return true
+		return v, true
 	}
-	h.log.Warn("control request refused", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", err.Error())
+	h.refuse(w, r, err)
+	return assignment.Verified{}, false
+}
+
+// refuse answers an authentication failure (an *assignment.AuthError), logs and counts it.
+func (h *handler) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	reason := assignment.AuthReason(err)
+	h.log.Warn("control request refused", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", reason, "detail", err.Error())
+	if h.o.Rejected != nil {
+		h.o.Rejected(reason)
+	}
 	if errors.Is(err, assignment.ErrMissingCredentials) {
 		w.Header().Set("WWW-Authenticate", assignment.AuthScheme)
 		h.problem(w, http.StatusUnauthorized, assignment.Problem{Title: "Unauthenticated", Code: assignment.CodeUnauthenticated,
-			Detail: "control requests must carry an " + assignment.AuthScheme + " Authorization header"})
-		return false
+			Reason: reason, Detail: "control requests must carry an " + assignment.AuthScheme + " Authorization header"})
+		return
 	}
-	h.problem(w, http.StatusForbidden, assignment.Problem{Title: "Forbidden", Code: assignment.CodeForbidden,
-		Detail: "the request signature is invalid or expired"})
-	return false
+	p := assignment.Problem{Title: "Forbidden", Code: assignment.CodeForbidden, Reason: reason,
+		Detail: "the request signature was refused (" + reason + "); nothing was applied"}
+	if reason == assignment.ReasonWrongInstance {
+		// The signature verified: this is the manager (or a replay of it) addressing this pod's
+		// previous process. The manager must learn of the restart from the State.
+		st := h.o.Backend.State()
+		p.State = &st
+	}
+	h.problem(w, http.StatusForbidden, p)
 }
 
 func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
@@ -192,7 +228,8 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 		h.problem(w, http.StatusBadRequest, assignment.Problem{Title: "Unreadable body", Code: assignment.CodeInvalidAssignment, Detail: err.Error()})
 		return
 	}
-	if !h.authenticate(w, r, body) {
+	v, ok := h.authenticate(w, r, body, false)
+	if !ok {
 		return
 	}
 	a, err := assignment.Decode(bytes.NewReader(body), h.o.MaxBodyBytes)
@@ -207,6 +244,14 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 		}
 		h.log.Warn("invalid assignment refused", "remote", r.RemoteAddr, "errors", p.Errors)
 		h.problem(w, http.StatusBadRequest, p)
+		return
+	}
+	// The signature binds the epoch and instance it names; the body must say the same (the
+	// manager always signs what it sends: a difference is a forgery attempt or a bug).
+	if h.o.Trust != nil && (a.Epoch != v.Target.Epoch || a.Instance != v.Target.Instance) {
+		h.refuse(w, r, &assignment.AuthError{Reason: assignment.ReasonBindingMismatch,
+			Detail: fmt.Sprintf("signed for epoch %d instance %q, the assignment says epoch %d instance %q (key id %q)",
+				v.Target.Epoch, v.Target.Instance, a.Epoch, a.Instance, v.KeyID)})
 		return
 	}
 	// A manager that gave up on this request (it timed out: the agent was frozen or stalled) has
@@ -227,7 +272,7 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 			Detail: "the agent process did not run for a while just now; the push may be late and was not applied"})
 		return
 	}
-	st, err := h.o.Backend.Apply(a)
+	st, err := h.o.Backend.Apply(a, v.Signed)
 	if err != nil {
 		if errors.Is(err, assignment.ErrStale) {
 			h.log.Info("stale assignment refused", "remote", r.RemoteAddr,

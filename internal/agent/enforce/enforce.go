@@ -14,10 +14,19 @@
 // Outcomes of Apply(a):
 //   - (a.Epoch, a.Generation) below the pair held: nothing changes; the State and an error
 //     wrapping assignment.ErrStale.
-//   - the same pair: a lease renewal. The lease restarts with a.LeaseTTL and, if it had expired,
-//     every downstream gets its Permits back. The rest of a is not looked at (a different
-//     content under the same pair is a manager bug and is logged).
-//   - a higher pair: a replaces the configuration entirely, atomically, with a fresh lease.
+//   - the same pair: a lease renewal. The lease is extended to its new end (below) and, if it had
+//     expired and the new end is still ahead, every downstream gets its Permits back. A renewal
+//     never shortens a lease. The rest of a is not looked at (a different content under the same
+//     pair is a manager bug and is logged).
+//   - a higher pair: a replaces the configuration entirely, atomically, with a lease to its end
+//     (already expired when that end has passed: the configuration then starts on its fallbacks).
+//
+// Lease end. A push signed at time s (the signature's timestamp; zero without authentication)
+// and accepted at time t holds until min(s, t) + LeaseTTL: anchored to the signed time, so that a
+// signed push replayed within the signature's two-minute window can never extend a lease beyond
+// what the manager's own push gave, nor revive one that lapsed. A manager clock ahead of the
+// agent's only shortens leases by the difference (the bound by t); one behind shortens them too,
+// so clocks should agree to well under LeaseTTL (NTP does).
 //
 // Lease. While the lease holds, a downstream's effective limit is Permits. When LeaseTTL passes
 // without renewal (timed with the injected clock.Clock), it drops to min(Permits,
@@ -124,8 +133,12 @@ func (e *Enforcer) Ready() bool { return e.ready.Load() && !e.draining.Load() }
 // SetDraining makes Ready false for good (shutdown started).
 func (e *Enforcer) SetDraining() { e.draining.Store(true) }
 
-// Apply applies a (see the package doc) and returns the State after it.
-func (e *Enforcer) Apply(a *assignment.Assignment) (assignment.State, error) {
+// Instance is this process's random id (assignment.State.Instance).
+func (e *Enforcer) Instance() string { return e.instance }
+
+// Apply applies a, signed at signed (zero: unsigned, the lease counts from acceptance), and
+// returns the State after it (see the package doc).
+func (e *Enforcer) Apply(a *assignment.Assignment, signed time.Time) (assignment.State, error) {
 	if err := a.Validate(); err != nil {
 		return e.State(), err
 	}
@@ -146,11 +159,11 @@ func (e *Enforcer) Apply(a *assignment.Assignment) (assignment.State, error) {
 			return e.stateLocked(now), fmt.Errorf("%w: pushed epoch %d generation %d, held epoch %d generation %d",
 				assignment.ErrStale, a.Epoch, a.Generation, e.epoch, e.gen)
 		case 0:
-			e.renewLocked(a, now)
+			e.renewLocked(a, now, leaseEnd(a, signed, now))
 			return e.stateLocked(now), nil
 		}
 	}
-	if err := e.replaceLocked(a, now, false); err != nil {
+	if err := e.replaceLocked(a, now, leaseEnd(a, signed, now), false); err != nil {
 		return e.stateLocked(now), err
 	}
 	return e.stateLocked(now), nil
@@ -166,13 +179,31 @@ func (e *Enforcer) ApplyBootstrap(a *assignment.Assignment) error {
 	if e.configured {
 		return fmt.Errorf("bootstrap after a configuration was applied")
 	}
-	return e.replaceLocked(&b, e.clock.Now(), true)
+	return e.replaceLocked(&b, e.clock.Now(), time.Time{}, true)
 }
 
-func (e *Enforcer) renewLocked(a *assignment.Assignment, now time.Time) {
+// leaseEnd is when a lease started by a, signed at signed and accepted at now, ends.
+func leaseEnd(a *assignment.Assignment, signed, now time.Time) time.Time {
+	start := now
+	if !signed.IsZero() && signed.Before(now) {
+		start = signed
+	}
+	return start.Add(a.LeaseTTL.D())
+}
+
+func (e *Enforcer) renewLocked(a *assignment.Assignment, now, end time.Time) {
 	if b, err := json.Marshal(a); err == nil && !bytes.Equal(b, e.held) {
 		e.log.Warn("assignment with the pair held but a different content: treated as a lease renewal only",
 			"epoch", a.Epoch, "generation", a.Generation)
+	}
+	if !end.After(now) || (!e.leaseExpired && !end.After(e.leaseExpiresAt)) {
+		// Signed too long ago to extend anything: a replay, or a push that took longer than its
+		// lease to arrive. It renews nothing and revives nothing.
+		if !end.After(now) {
+			e.log.Warn("renewal ignored: its lease (from the signed time) has already passed",
+				"epoch", a.Epoch, "generation", a.Generation, "leaseEnd", end)
+		}
+		return
 	}
 	e.leaseTTL = a.LeaseTTL.D()
 	if e.leaseExpired {
@@ -182,10 +213,10 @@ func (e *Enforcer) renewLocked(a *assignment.Assignment, now time.Time) {
 		}
 		e.log.Info("lease renewed after it had expired; permits restored", "epoch", e.epoch, "generation", e.gen)
 	}
-	e.armLeaseLocked(now)
+	e.armLeaseLocked(now, end)
 }
 
-func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootstrap bool) error {
+func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, bootstrap bool) error {
 	old := e.table.Load()
 	// Build everything that can fail first: nothing is half-applied.
 	nt, cfgs, err := buildTable(a)
@@ -204,7 +235,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootst
 		} else {
 			ds.reconfigure(cfg, now)
 		}
-		if bootstrap {
+		if bootstrap || !end.After(now) {
 			ds.setEffective(cfg.SafeLimit())
 		} else {
 			ds.setEffective(cfg.Permits)
@@ -228,10 +259,20 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootst
 		if e.leaseTimer != nil {
 			e.leaseTimer.Stop()
 		}
+	} else if !end.After(now) {
+		// Its lease from the signed time has passed already: applied, on its fallbacks.
+		e.leaseTTL, e.leaseExpiresAt, e.leaseExpired = a.LeaseTTL.D(), end, true
+		e.leaseDeadline.Store(0)
+		if e.leaseTimer != nil {
+			e.leaseTimer.Stop()
+		}
+		e.leaseSeq++
+		e.log.Warn("assignment applied with its lease already passed (signed more than leaseTTL ago): running on safe defaults",
+			"epoch", a.Epoch, "generation", a.Generation, "leaseEnd", end)
 	} else {
 		e.leaseTTL = a.LeaseTTL.D()
 		e.leaseExpired = false
-		e.armLeaseLocked(now)
+		e.armLeaseLocked(now, end)
 	}
 	e.ready.Store(true)
 	e.log.Info("configuration applied", "epoch", a.Epoch, "generation", a.Generation, "bootstrap", bootstrap,
@@ -239,15 +280,15 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now time.Time, bootst
 	return nil
 }
 
-func (e *Enforcer) armLeaseLocked(now time.Time) {
+func (e *Enforcer) armLeaseLocked(now, end time.Time) {
 	if e.leaseTimer != nil {
 		e.leaseTimer.Stop()
 	}
 	e.leaseSeq++
 	seq := e.leaseSeq
-	e.leaseExpiresAt = now.Add(e.leaseTTL)
+	e.leaseExpiresAt = end
 	e.leaseDeadline.Store(e.leaseExpiresAt.UnixNano())
-	e.leaseTimer = e.clock.AfterFunc(e.leaseTTL, func() { e.expire(seq) })
+	e.leaseTimer = e.clock.AfterFunc(end.Sub(now), func() { e.expire(seq) })
 }
 
 func (e *Enforcer) expire(seq uint64) {

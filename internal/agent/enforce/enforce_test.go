@@ -35,7 +35,7 @@ func asg(epoch, gen int64, ttl time.Duration, dss ...assignment.Downstream) *ass
 
 func mustApply(t *testing.T, e *Enforcer, a *assignment.Assignment) assignment.State {
 	t.Helper()
-	st, err := e.Apply(a)
+	st, err := e.Apply(a, time.Time{})
 	if err != nil {
 		t.Fatalf("Apply(%d,%d): %v", a.Epoch, a.Generation, err)
 	}
@@ -147,7 +147,7 @@ func TestFencing(t *testing.T) {
 	e, _ := newTestEnforcer(t)
 	mustApply(t, e, asg(2, 5, time.Minute, ds("a", 10, 3)))
 	for _, p := range [][2]int64{{2, 4}, {1, 9}, {1, 100}} {
-		st, err := e.Apply(asg(p[0], p[1], time.Minute, ds("a", 99, 3), ds("x", 1, 1)))
+		st, err := e.Apply(asg(p[0], p[1], time.Minute, ds("a", 99, 3), ds("x", 1, 1)), time.Time{})
 		if !errors.Is(err, assignment.ErrStale) {
 			t.Fatalf("Apply(%v) = %v, want ErrStale", p, err)
 		}
@@ -174,7 +174,7 @@ func TestFencing(t *testing.T) {
 	}
 	// An invalid assignment is refused whole.
 	bad := asg(4, 1, time.Minute, ds("a", 1, 1), ds("b", -1, 0))
-	if _, err := e.Apply(bad); err == nil || errors.Is(err, assignment.ErrStale) {
+	if _, err := e.Apply(bad, time.Time{}); err == nil || errors.Is(err, assignment.ErrStale) {
 		t.Fatalf("Apply(invalid) = %v", err)
 	}
 	if effective(t, e, "a") != 8 || e.State().Epoch != 3 {
@@ -282,7 +282,7 @@ func TestPushForAnotherInstanceIsRefused(t *testing.T) {
 	}
 	a := asg(2, 6, time.Minute, ds("a", 20, 3))
 	a.Instance = "someone-else"
-	st2, err := e.Apply(a)
+	st2, err := e.Apply(a, time.Time{})
 	if !errors.Is(err, assignment.ErrStale) {
 		t.Fatalf("Apply for another instance = %v, want ErrStale", err)
 	}
@@ -345,5 +345,78 @@ func TestLeasePassedBeforeItsTimerFiredIsExpiredOnLookup(t *testing.T) {
 	mustApply(t, e, asg(1, 1, 10*time.Second, ds("a", 10, 3)))
 	if got := effective(t, e, "a"); got != 10 {
 		t.Fatalf("limit %d after the renewal, want 10", got)
+	}
+}
+
+// Regression (issue 11, defect 6): a lease is anchored to the push's signed time, so replaying a
+// captured push within the signature's window neither revives a lapsed lease nor extends one.
+func TestLeaseAnchoredToSignedTime(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	a := asg(1, 1, 10*time.Second, ds("a", 10, 3))
+	signed := clk.Now()
+	if _, err := e.Apply(a, signed); err != nil {
+		t.Fatal(err)
+	}
+	if got := effective(t, e, "a"); got != 10 {
+		t.Fatalf("effective %d, want 10", got)
+	}
+	clk.Advance(11 * time.Second)
+	if got := effective(t, e, "a"); got != 3 {
+		t.Fatalf("after the lease: effective %d, want the safe default 3", got)
+	}
+	// The captured push, replayed 11 s after it was signed (well within the 2-minute window).
+	st, err := e.Apply(a, signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := effective(t, e, "a"); got != 3 || !st.LeaseExpired {
+		t.Fatalf("replay revived the lease: effective %d, leaseExpired %v", got, st.LeaseExpired)
+	}
+
+	// A genuine renewal, signed now, restores the permits until signed + TTL.
+	renewal := clk.Now()
+	st = mustApply(t, e, a) // unsigned: from acceptance
+	if got := effective(t, e, "a"); got != 10 || !st.LeaseExpiresAt.Equal(renewal.Add(10*time.Second)) {
+		t.Fatalf("renewal: effective %d, lease until %s", got, st.LeaseExpiresAt)
+	}
+	// A push signed 4 s ago renews to signed + TTL, which is earlier than the lease held: a
+	// renewal never shortens a lease.
+	clk.Advance(2 * time.Second)
+	st, err = e.Apply(a, clk.Now().Add(-4*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.LeaseExpiresAt.Equal(renewal.Add(10 * time.Second)) {
+		t.Fatalf("an older renewal moved the lease to %s", st.LeaseExpiresAt)
+	}
+	// One signed 1 s ago extends it to signed + TTL, not acceptance + TTL.
+	st, err = e.Apply(a, clk.Now().Add(-time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := clk.Now().Add(9 * time.Second); !st.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("lease until %s, want signed+TTL %s", st.LeaseExpiresAt, want)
+	}
+	// A signature from the future (manager clock ahead) counts from acceptance.
+	st, err = e.Apply(a, clk.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := clk.Now().Add(10 * time.Second); !st.LeaseExpiresAt.Equal(want) {
+		t.Fatalf("lease until %s, want acceptance+TTL %s", st.LeaseExpiresAt, want)
+	}
+
+	// A new pair signed longer than its TTL ago is applied on its fallbacks at once.
+	st, err = e.Apply(asg(1, 2, 10*time.Second, ds("a", 12, 2)), clk.Now().Add(-11*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := effective(t, e, "a"); got != 2 || !st.LeaseExpired || st.Generation != 2 {
+		t.Fatalf("late new pair: effective %d, leaseExpired %v, generation %d", got, st.LeaseExpired, st.Generation)
+	}
+	// ... and its timer does not fire later into anything.
+	clk.Advance(time.Minute)
+	if got := effective(t, e, "a"); got != 2 {
+		t.Fatalf("effective %d, want 2", got)
 	}
 }

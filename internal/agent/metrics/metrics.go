@@ -27,6 +27,12 @@
 //	degrade_switch_active{switch}                gauge 0/1
 //	peak_rps_last_minute                         gauge, highest 1-second count of the last 60 s
 //	lease_expired, config_generation             agent-wide gauges (no label)
+//	rejected_pushes_total{reason}                agent-wide: control requests refused by
+//	                                             authentication (assignment.Reason*: unknown-key,
+//	                                             bad-signature, stale-timestamp, wrong-pod, ...)
+//
+// Nothing here is secret: label values are downstream names, switch names (namespace/rule) and
+// fixed reason strings; no key id, URL, header or body is exported.
 //
 // Forget removes a downstream's series when it leaves the configuration; calls still in flight
 // for it update orphaned children, which is harmless.
@@ -111,6 +117,7 @@ type Metrics struct {
 	requests, upstream429         *prometheus.CounterVec
 	rejected, fallback, upstream  *prometheus.CounterVec
 	transitions                   *prometheus.CounterVec
+	rejectedPushes                *prometheus.CounterVec
 	upstreamDuration, acquireWait *prometheus.HistogramVec
 	source                        atomic.Pointer[Source]
 	inflightD, waitingD, permitsD *prometheus.Desc
@@ -133,6 +140,9 @@ func New() *Metrics {
 	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
 	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
 	m.transitions = cv("breaker_transitions_total", "Circuit breaker state transitions.", "from", "to")
+	m.rejectedPushes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_pushes_total",
+		Help: "Control requests (pushes and state reads) refused by authentication, by reason."}, []string{"reason"})
+	m.Registry.MustRegister(m.rejectedPushes)
 	m.upstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Name: "upstream_duration_seconds",
 		Help:    "Time from forwarding a call to the upstream's response header, or to the error.",
@@ -161,6 +171,9 @@ func New() *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// RejectedPush counts a control request refused for reason (an assignment.Reason* constant).
+func (m *Metrics) RejectedPush(reason string) { m.rejectedPushes.WithLabelValues(reason).Inc() }
 
 // SetSource sets where the gauges are read from.
 func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }

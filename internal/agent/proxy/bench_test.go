@@ -131,7 +131,7 @@ func benchEnforcer(b *testing.B, upstream string, mut func(*assignment.Downstrea
 	}
 	enf := enforce.New(enforce.Options{Metrics: metrics.New(), Logger: quietLogger()})
 	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
-		Downstreams: []assignment.Downstream{d}}); err != nil {
+		Downstreams: []assignment.Downstream{d}}, time.Time{}); err != nil {
 		b.Fatal(err)
 	}
 	return enf

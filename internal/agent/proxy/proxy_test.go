@@ -128,7 +128,7 @@ func (a *testAgent) apply(t *testing.T, sw []assignment.Switch, dss ...assignmen
 	t.Helper()
 	a.gen++
 	if _, err := a.enf.Apply(&assignment.Assignment{Epoch: 1, Generation: a.gen, LeaseTTL: assignment.Duration(10 * time.Minute),
-		Downstreams: dss, Switches: sw}); err != nil {
+		Downstreams: dss, Switches: sw}, time.Time{}); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
 }
@@ -749,7 +749,7 @@ func TestGracefulDrain(t *testing.T) {
 	m := metrics.New()
 	enf := enforce.New(enforce.Options{Metrics: m, Logger: quietLogger()})
 	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
-		Downstreams: []assignment.Downstream{downstream("d", up.URL, 2)}}); err != nil {
+		Downstreams: []assignment.Downstream{downstream("d", up.URL, 2)}}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -29,20 +29,22 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:15001", "data address")
 	ctl := flag.String("control-listen", "127.0.0.1:15000", "control address")
-	keyDir := flag.String("key-dir", "", "HMAC key directory")
+	trustDir := flag.String("trust-dir", "", "directory of trusted public keys (<id>.pem)")
+	podNS := flag.String("pod-namespace", "", "pod namespace")
+	podName := flag.String("pod-name", "", "pod name")
 	name := flag.String("downstream", "logistics", "downstream name")
 	upstream := flag.String("upstream", "", "upstream URL")
 	permits := flag.Int("permits", 1, "fixed permits")
 	acquire := flag.Duration("acquire-timeout", 200*time.Millisecond, "permit wait")
 	flag.Parse()
-	if err := run(*listen, *ctl, *keyDir, *name, *upstream, int32(*permits), *acquire); err != nil {
+	if err := run(*listen, *ctl, *trustDir, *podNS+"/"+*podName, *name, *upstream, int32(*permits), *acquire); err != nil {
 		fmt.Fprintln(os.Stderr, "fakeagent:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, ctl, keyDir, name, upstream string, permits int32, acquire time.Duration) error {
-	keys, err := assignment.LoadKeyDir(keyDir)
+func run(listen, ctl, trustDir, pod, name, upstream string, permits int32, acquire time.Duration) error {
+	keys, err := assignment.LoadTrustDir(trustDir)
 	if err != nil {
 		return err
 	}
@@ -83,7 +85,7 @@ func run(listen, ctl, keyDir, name, upstream string, permits int32, acquire time
 		case "/healthz", "/readyz":
 			_, _ = io.WriteString(w, "ok")
 		case assignment.PathState:
-			if err := assignment.Verify(r, nil, keys, time.Now()); err != nil {
+			if _, err := assignment.Verify(r, nil, keys, assignment.Self{Pod: pod}, true, time.Now()); err != nil {
 				http.Error(w, err.Error(), http.StatusForbidden)
 				return
 			}

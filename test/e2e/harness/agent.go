@@ -1,8 +1,9 @@
 package harness
 
 import (
+	"github.com/apportion/apportion/internal/assignment"
+
 	"context"
-	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,8 +16,6 @@ import (
 	"time"
 )
 
-func randRead(b []byte) (int, error) { return crand.Read(b) }
-
 // Agent ports on each agent's own loopback address (the sample Deployment's).
 const (
 	AgentControlPort = 15000
@@ -26,13 +25,13 @@ const (
 // Agent is one real agent process bound to its own loopback address: the "pod".
 type Agent struct {
 	*Proc
-	// Pod is the name of the Pod object that represents it.
-	Pod string
+	// Namespace and Pod name the Pod object that represents it; control calls are signed for it.
+	Namespace, Pod string
 	// IP is its loopback address, the Pod's status.podIP.
 	IP string
 	// DataPort and ControlPort listen on IP.
 	DataPort, ControlPort int
-	KeyDir                string
+	TrustDir              string
 	// restarts counts Start calls after the first.
 	restarts int
 	// draining is set when its pod is being shut down: the app stops calling.
@@ -58,12 +57,21 @@ func (a *Agent) DataURL(ds string) string {
 // Restarts is how many times the agent was started again.
 func (a *Agent) Restarts() int { return a.restarts }
 
-// AgentArgs builds the agent's command line for the flags the binary accepts.
-func AgentArgs(bin *Binaries, ip string, data, ctl int, keyDir string, extra ...string) []string {
+// Endpoint addresses the agent's control API for a signed call.
+func (a *Agent) Endpoint() assignment.Endpoint {
+	return assignment.Endpoint{URL: a.ControlURL(), Pod: a.Namespace + "/" + a.Pod}
+}
+
+// AgentArgs builds the agent's command line for the flags the binary accepts: the pod's
+// identity (what the downward API's POD_NAMESPACE and POD_NAME give a real sidecar) and the
+// trust directory (the apportion-trust ConfigMap's volume).
+func AgentArgs(bin *Binaries, ip string, data, ctl int, namespace, pod, trustDir string, extra ...string) []string {
 	args := []string{
 		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(data)),
 		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(ctl)),
-		"--key-dir=" + keyDir,
+		"--trust-dir=" + trustDir,
+		"--pod-namespace=" + namespace,
+		"--pod-name=" + pod,
 	}
 	if bin.AgentHas("drain-timeout") {
 		args = append(args, "--drain-timeout=2s")
@@ -71,13 +79,14 @@ func AgentArgs(bin *Binaries, ip string, data, ctl int, keyDir string, extra ...
 	return append(args, extra...)
 }
 
-// NewAgent prepares (does not start) an agent for pod at ip; its log goes to dir/<pod>.log.
-func NewAgent(bin *Binaries, pod, ip, keyDir, dir string, extra ...string) *Agent {
-	a := &Agent{Pod: pod, IP: ip, DataPort: AgentDataPort, ControlPort: AgentControlPort, KeyDir: keyDir}
+// NewAgent prepares (does not start) an agent for pod namespace/pod at ip; its log goes to
+// dir/<pod>.log.
+func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...string) *Agent {
+	a := &Agent{Namespace: namespace, Pod: pod, IP: ip, DataPort: AgentDataPort, ControlPort: AgentControlPort, TrustDir: trustDir}
 	a.Proc = &Proc{
 		Name:    "agent " + pod,
 		Path:    bin.Agent,
-		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, keyDir, extra...),
+		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, namespace, pod, trustDir, extra...),
 		LogPath: filepath.Join(dir, pod+".log"),
 	}
 	return a

@@ -2,68 +2,86 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// AgentKeySecret is the Secret the manager keeps the agents' control keys in.
-const AgentKeySecret = "apportion-agent-key"
+// Names of the manager's key objects (push.DefaultSigningKeySecret, push.DefaultTrustConfigMap).
+const (
+	SigningKeySecret = "apportion-signing-key"
+	TrustConfigMap   = "apportion-trust"
+)
 
-// KeyDir plays the kubelet's secret volume: it copies the manager's Secret into a directory,
-// one file per key id, which agents read with --key-dir.
-type KeyDir struct {
+// TrustDir plays the kubelet's ConfigMap volume: it copies the trust ConfigMap of the pods'
+// namespace into a directory, one "<key id>.pem" file per key, which agents read with
+// --trust-dir. The manager must have created the ConfigMap there: Wait fails otherwise.
+type TrustDir struct {
 	Dir string
 	cp  *ControlPlane
-	// Namespace whose copy of the Secret is preferred; the Secret is looked up in every namespace.
+	// Namespace of the pods, whose ConfigMap is copied.
 	Namespace string
+	// Static, when set, is the signing key (a test without a manager); the directory is then
+	// written once by WriteStatic and never synced.
+	Static *assignment.SigningKey
 }
 
-// NewKeyDir creates dir.
-func NewKeyDir(cp *ControlPlane, dir, namespace string) (*KeyDir, error) {
+// NewTrustDir creates dir.
+func NewTrustDir(cp *ControlPlane, dir, namespace string) (*TrustDir, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &KeyDir{Dir: dir, cp: cp, Namespace: namespace}, nil
+	return &TrustDir{Dir: dir, cp: cp, Namespace: namespace}, nil
 }
 
-// Sync copies the Secret's current keys into the directory (atomically per file, removing keys
-// no longer in the Secret). It returns false when no Secret exists yet.
-func (k *KeyDir) Sync(ctx context.Context) (bool, error) {
-	var list corev1.SecretList
-	if err := k.cp.Client.List(ctx, &list); err != nil {
+// NewStaticTrustDir writes key's public half into dir, for agents run without a manager.
+func NewStaticTrustDir(dir string, key assignment.SigningKey) (*TrustDir, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	pem, err := assignment.MarshalPublicKey(key.Public().Key)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, key.ID+assignment.TrustFileSuffix), pem, 0o644); err != nil {
+		return nil, err
+	}
+	return &TrustDir{Dir: dir, Static: &key}, nil
+}
+
+// Sync copies the ConfigMap's current keys into the directory (atomically per file, removing
+// keys no longer in it). It returns false when the ConfigMap does not exist yet.
+func (k *TrustDir) Sync(ctx context.Context) (bool, error) {
+	if k.Static != nil {
+		return true, nil
+	}
+	var cm corev1.ConfigMap
+	if err := k.cp.Client.Get(ctx, types.NamespacedName{Namespace: k.Namespace, Name: TrustConfigMap}, &cm); err != nil {
+		if strings.Contains(err.Error(), "not found") {
+			return false, nil
+		}
 		return false, err
 	}
-	// The copy in the pods' namespace is what their volume would mount; else the manager's.
-	var sec *corev1.Secret
-	for i := range list.Items {
-		s := &list.Items[i]
-		if s.Name == AgentKeySecret && len(s.Data) > 0 && (sec == nil || s.Namespace == k.Namespace) {
-			sec = s
-		}
-	}
-	if sec == nil {
+	if len(cm.Data) == 0 {
 		return false, nil
 	}
-	want := map[string]bool{}
-	for id, secret := range sec.Data {
-		if !assignment.ValidKeyID(id) {
+	for name, content := range cm.Data {
+		path := filepath.Join(k.Dir, name)
+		if old, err := os.ReadFile(path); err == nil && string(old) == content {
 			continue
 		}
-		want[id] = true
-		path := filepath.Join(k.Dir, id)
-		if old, err := os.ReadFile(path); err == nil && string(old) == string(secret) {
-			continue
-		}
-		tmp := filepath.Join(k.Dir, ".tmp-"+id)
-		if err := os.WriteFile(tmp, secret, 0o600); err != nil {
+		tmp := filepath.Join(k.Dir, ".tmp-"+name)
+		if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
 			return false, err
 		}
 		if err := os.Rename(tmp, path); err != nil {
@@ -75,15 +93,15 @@ func (k *KeyDir) Sync(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), ".") && !want[e.Name()] {
+		if _, ok := cm.Data[e.Name()]; !ok && !strings.HasPrefix(e.Name(), ".") {
 			_ = os.Remove(filepath.Join(k.Dir, e.Name()))
 		}
 	}
 	return true, nil
 }
 
-// Wait syncs until the Secret exists, up to timeout.
-func (k *KeyDir) Wait(ctx context.Context, timeout time.Duration) error {
+// Wait syncs until the ConfigMap exists in the pods' namespace, up to timeout.
+func (k *TrustDir) Wait(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := k.Sync(ctx)
@@ -94,7 +112,7 @@ func (k *KeyDir) Wait(ctx context.Context, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no Secret %s after %s: the manager did not create the agents' keys", AgentKeySecret, timeout)
+			return fmt.Errorf("no ConfigMap %s/%s after %s: the manager did not publish its keys there", k.Namespace, TrustConfigMap, timeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -105,7 +123,7 @@ func (k *KeyDir) Wait(ctx context.Context, timeout time.Duration) error {
 }
 
 // Run keeps the directory in sync every period until ctx ends (key rotation).
-func (k *KeyDir) Run(ctx context.Context, period time.Duration) {
+func (k *TrustDir) Run(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -118,30 +136,38 @@ func (k *KeyDir) Run(ctx context.Context, period time.Duration) {
 	}
 }
 
-// Key is the key a signer uses now (the id sorting last).
-func (k *KeyDir) Key() (assignment.Key, error) {
-	ks, err := assignment.LoadKeyDir(k.Dir)
+// Key is a private key the agents trust now, for the test's own control calls: the newest key
+// of the manager's Secret (read with the test's admin client) that the directory holds.
+func (k *TrustDir) Key() (assignment.SigningKey, error) {
+	if k.Static != nil {
+		return *k.Static, nil
+	}
+	trust, err := assignment.LoadTrustDir(k.Dir)
 	if err != nil {
-		return assignment.Key{}, err
+		return assignment.SigningKey{}, err
 	}
-	key, ok := ks.Current()
-	if !ok {
-		return assignment.Key{}, fmt.Errorf("key directory %s is empty", k.Dir)
+	var list corev1.SecretList
+	if err := k.cp.Client.List(context.Background(), &list); err != nil {
+		return assignment.SigningKey{}, err
 	}
-	return key, nil
-}
-
-// CreateSecret writes a Secret with one random key, for a manager that does not create its own.
-func CreateSecret(ctx context.Context, cp *ControlPlane, namespace string) error {
-	secret := make([]byte, 48)
-	if _, err := randRead(secret); err != nil {
-		return err
+	for _, s := range list.Items {
+		if s.Name != SigningKeySecret {
+			continue
+		}
+		ids := sortedKeys(s.Data)
+		slices.Reverse(ids)
+		for _, id := range ids {
+			if !slices.Contains(trust.IDs(), id) {
+				continue
+			}
+			priv, err := assignment.ParsePrivateKey(s.Data[id])
+			if err != nil {
+				return assignment.SigningKey{}, fmt.Errorf("secret %s/%s key %s: %w", s.Namespace, s.Name, id, err)
+			}
+			return assignment.SigningKey{ID: id, Private: priv}, nil
+		}
 	}
-	id := "k" + time.Now().UTC().Format("20060102150405")
-	s := &corev1.Secret{}
-	s.Name, s.Namespace = AgentKeySecret, namespace
-	s.Data = map[string][]byte{id: []byte(fmt.Sprintf("%x", secret))}
-	return cp.Client.Create(ctx, s)
+	return assignment.SigningKey{}, errors.New("no key of the manager's Secret " + SigningKeySecret + " is in the trust directory")
 }
 
 // sortedKeys returns m's keys, sorted.

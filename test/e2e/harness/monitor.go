@@ -24,7 +24,7 @@ type MonitorConfig struct {
 	// Hz is the sampling rate (default 25; at least 20 is the point).
 	Hz float64
 	// Key signs the GET /v1/state calls; it is called again after a failure (key rotation).
-	Key func() (assignment.Key, error)
+	Key func() (assignment.SigningKey, error)
 	// SafeDefault is what an agent falls back to when its lease passes (the quota's
 	// status.safeDefaultPermits). The monitor models an unreachable agent with it: it holds what
 	// it last reported until its lease ends, then min(permits, SafeDefault()). nil keeps the last
@@ -195,7 +195,7 @@ func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 	defer t.Stop()
 	for {
 		pid := a.Pid()
-		st, err := m.client.Load().State(ctx, a.ControlURL())
+		st, err := m.client.Load().State(ctx, a.Endpoint(), 0)
 		m.mu.Lock()
 		m.stats.Reads++
 		if err != nil {

@@ -121,7 +121,7 @@ type Scenario struct {
 	Dir      string
 	Manager  *Manager
 	DS       *Downstream
-	Keys     *KeyDir
+	Keys     *TrustDir
 	Workload *Workload
 	Load     *Load
 	Monitor  *Monitor
@@ -169,14 +169,8 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	if err := s.Manager.Start(ctx); err != nil {
 		return nil, err
 	}
-	if s.Keys, err = NewKeyDir(e.CP, filepath.Join(s.Dir, "keys"), cfg.Namespace); err != nil {
+	if s.Keys, err = NewTrustDir(e.CP, filepath.Join(s.Dir, "trust"), cfg.Namespace); err != nil {
 		return nil, err
-	}
-	if s.Pushing {
-		if err := s.Keys.Wait(ctx, 30*time.Second); err != nil {
-			return nil, err
-		}
-		go s.Keys.Run(s.ctx, time.Second)
 	}
 
 	dq := cfg.QuotaObject
@@ -190,6 +184,14 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	s.Cfg.Quota = dq.Name
 	if err := e.CP.Client.Create(ctx, dq); err != nil {
 		return nil, fmt.Errorf("creating the DownstreamQuota: %w", err)
+	}
+	// The manager keeps its public keys in every namespace with a quota: in place before the
+	// first agent starts, as a pod's ConfigMap volume needs it.
+	if s.Pushing {
+		if err := s.Keys.Wait(ctx, 30*time.Second); err != nil {
+			return nil, err
+		}
+		go s.Keys.Run(s.ctx, time.Second)
 	}
 
 	var agentArgs []string
@@ -294,7 +296,7 @@ func (s *Scenario) States(ctx context.Context) (map[string]*assignment.State, er
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		st, err := c.State(rctx, a.ControlURL())
+		st, err := c.State(rctx, a.Endpoint(), 0)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", pod, err))

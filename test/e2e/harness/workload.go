@@ -55,7 +55,7 @@ type Workload struct {
 	cp   *ControlPlane
 	bin  *Binaries
 	dir  string
-	keys *KeyDir
+	keys *TrustDir
 	ips  *IPPool
 
 	mu     sync.Mutex
@@ -68,7 +68,7 @@ type Workload struct {
 }
 
 // NewWorkload prepares a workload; Create makes its objects.
-func NewWorkload(cp *ControlPlane, bin *Binaries, keys *KeyDir, ips *IPPool, dir string, cfg WorkloadConfig) *Workload {
+func NewWorkload(cp *ControlPlane, bin *Binaries, keys *TrustDir, ips *IPPool, dir string, cfg WorkloadConfig) *Workload {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
@@ -233,7 +233,7 @@ func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 	}
 	var a *Agent
 	if !w.cfg.NoAgents {
-		a = NewAgent(w.bin, name, ip, w.keys.Dir, w.dir, w.cfg.AgentArgs...)
+		a = NewAgent(w.bin, w.cfg.Namespace, name, ip, w.keys.Dir, w.dir, w.cfg.AgentArgs...)
 		if err := a.Start(ctx); err != nil {
 			_ = a.Kill()
 			return nil, err
