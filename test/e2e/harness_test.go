@@ -73,24 +73,38 @@ func TestHarnessDetectsViolations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		load := harness.StartLoad(ctx, harness.LoadConfig{Source: agents, Downstream: "logistics", WorkersPerAgent: 5, MaxDuration: 1500 * time.Millisecond})
+		// The load runs until the monitor has taken enough samples of it, however slow a busy
+		// machine makes the monitor; MaxDuration is only a backstop against a monitor that
+		// never samples, which the sample count below then reports.
+		const minSamples = 20
+		loadStart := time.Now()
+		load := harness.StartLoad(ctx, harness.LoadConfig{Source: agents, Downstream: "logistics", WorkersPerAgent: 5, MaxDuration: time.Minute})
 		if stopOne {
 			time.Sleep(500 * time.Millisecond)
 			if err := agents[0].Suspend(); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(500 * time.Millisecond)
-			if cur, _ := mon.Current(); cur.Unreachable != 1 || cur.Agents["pod-0"].Effective != int32(permits) {
+			// The monitor marks the stopped agent unreachable at its next samples and models it at
+			// its last known permits (it may still hold them).
+			if !waitUntil(30*time.Second, func() bool {
+				cur, ok := mon.Current()
+				return ok && cur.Unreachable == 1 && cur.Agents["pod-0"].Effective == int32(permits)
+			}) {
+				cur, _ := mon.Current()
 				t.Errorf("a stopped agent: %d unreachable, modeled at %d, want 1 and %d", cur.Unreachable, cur.Agents["pod-0"].Effective, permits)
 			}
 			_ = agents[0].Resume()
 		}
+		// At least 1.6 s more of load after the stopped agent is back, and at least minSamples
+		// samples in all.
 		time.Sleep(1600 * time.Millisecond)
+		waitUntil(time.Minute, func() bool { return mon.Stats().Samples >= minSamples })
 		ls := load.Stop()
 		st := mon.Stop()
-		t.Logf("permits %d × 4, limit %d\nload: %s\nmonitor: %s", permits, limit, ls, st)
-		if st.Samples < 20 || st.Hz() < 20 {
-			t.Errorf("%d samples at %.1f Hz", st.Samples, st.Hz())
+		t.Logf("permits %d × 4, limit %d, load for %v\nload: %s\nmonitor: %s (%.1f Hz)", permits, limit,
+			time.Since(loadStart).Round(time.Millisecond), ls, st, st.Hz())
+		if st.Samples < minSamples {
+			t.Errorf("%d samples, want at least %d", st.Samples, minSamples)
 		}
 		if ls.OK == 0 {
 			t.Errorf("no successful call: %s", ls)
@@ -113,4 +127,16 @@ func TestHarnessDetectsViolations(t *testing.T) {
 			t.Errorf("want ledger violations outside recovery and excused samples within it: %s", st)
 		}
 	})
+}
+
+// waitUntil polls cond every 20 ms until it holds (true) or timeout passes (false).
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
 }
