@@ -8,6 +8,7 @@ SHELL := /usr/bin/env bash -o pipefail
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
 ENVTEST_K8S_VERSION ?= 1.37.2
 export ENVTEST_K8S_VERSION
 
@@ -26,6 +27,18 @@ export GOTOOLCHAIN
 FUZZ_DECODE ?= 150000x
 FUZZ_REQUEST_HEAD ?= 250000x
 FUZZ_RESPONSE_HEAD ?= 250000x
+# The release: VERSION is stamped into both binaries (--version) and the images' annotations;
+# IMG and AGENT_IMG (registry/name:tag) name the images `make images` builds and
+# `make images-push` pushes, and flow into the manifests `make build-installer` renders.
+# The defaults are what dist/install.yaml carries.
+VERSION ?= v0.1.0
+IMG ?= ghcr.io/apportion/manager:$(VERSION)
+AGENT_IMG ?= ghcr.io/apportion/agent:$(VERSION)
+DEFAULT_IMG := ghcr.io/apportion/manager:v0.1.0
+DEFAULT_AGENT_IMG := ghcr.io/apportion/agent:v0.1.0
+# GOARCH of the images' linux binaries (one platform per build).
+IMAGE_ARCH ?= $(shell go env GOARCH)
+
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
 
@@ -99,8 +112,16 @@ bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 10
 
 .PHONY: build
 build: ## Build bin/manager and bin/agent.
-	go build -o $(LOCALBIN)/manager ./cmd/manager
-	go build -o $(LOCALBIN)/agent ./cmd/agent
+	go build -ldflags "-X github.com/apportion/apportion/internal/version.Version=$(VERSION)" -o $(LOCALBIN)/manager ./cmd/manager
+	go build -ldflags "-X github.com/apportion/apportion/internal/version.Version=$(VERSION)" -o $(LOCALBIN)/agent ./cmd/agent
+
+.PHONY: images
+images: ## Build the manager and agent images without a daemon: dist/images/{manager,agent}.tar and dist/images/oci.
+	go run ./hack/images build -out dist/images -version $(VERSION) -arch $(IMAGE_ARCH) -manager $(IMG) -agent $(AGENT_IMG)
+
+.PHONY: images-push
+images-push: images ## Push both images to IMG and AGENT_IMG (credentials from ~/.docker/config.json).
+	go run ./hack/images push -layout dist/images/oci
 
 .PHONY: run
 run: manifests ## Run the manager against the cluster of the current kubeconfig.
