@@ -62,10 +62,11 @@ generate: controller-gen ## Generate the DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: verify
-verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy) are stale.
-	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api)" ]; then \
-		git --no-pager diff -- config/crd config/rbac api; git status --short -- config/crd config/rbac api; \
-		echo "generated files are stale: run 'make manifests generate' and commit the result" >&2; exit 1; fi
+verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy, dist/install*.yaml) are stale.
+	@$(MAKE) --no-print-directory build-installer IMG=$(DEFAULT_IMG) AGENT_IMG=$(DEFAULT_AGENT_IMG) >/dev/null
+	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api dist)" ]; then \
+		git --no-pager diff -- config/crd config/rbac api dist; git status --short -- config/crd config/rbac api dist; \
+		echo "generated files are stale: run 'make manifests generate build-installer' and commit the result" >&2; exit 1; fi
 
 .PHONY: fmt
 fmt: ## Run gofmt; fails when a file was not formatted.
@@ -132,10 +133,21 @@ demo: ## The main job on an embedded local control plane: scale a workload and w
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go run ./hack/demo
 
 .PHONY: build-installer
-build-installer: manifests ## Render the whole installation to dist/install.yaml.
+build-installer: manifests kustomize ## Render the installation with IMG and AGENT_IMG: dist/install.yaml (cert-controller) and dist/install-certmanager.yaml.
 	@mkdir -p dist
-	"$$(hack/envtest-assets.sh)/kubectl" kustomize config/default > dist/install.yaml
-	@echo "wrote dist/install.yaml"
+	$(call render,config/default,dist/install.yaml)
+	$(call render,config/certmanager,dist/install-certmanager.yaml)
+
+# render(kustomization dir, output file): kustomize build of the dir through a throw-away
+# overlay that sets the two images, so IMG/AGENT_IMG never edit a committed kustomization.
+define render
+	@rm -rf dist/.render && mkdir -p dist/.render && cd dist/.render && \
+	  $(KUSTOMIZE) create --resources ../../$(1) && \
+	  $(KUSTOMIZE) edit set image ghcr.io/apportion/manager=$(IMG) ghcr.io/apportion/agent=$(AGENT_IMG) && \
+	  $(KUSTOMIZE) build . > ../../$(2).tmp
+	@mv -f $(2).tmp $(2) && rm -rf dist/.render
+	@echo "wrote $(2) (manager $(IMG), agent $(AGENT_IMG))"
+endef
 
 ##@ Tools
 
@@ -146,3 +158,7 @@ controller-gen: ## Install controller-gen into ./bin.
 .PHONY: golangci-lint
 golangci-lint: ## Install golangci-lint into ./bin.
 	@hack/tools.sh golangci-lint >/dev/null
+
+.PHONY: kustomize
+kustomize: ## Install kustomize into ./bin.
+	@hack/tools.sh kustomize >/dev/null
