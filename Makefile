@@ -68,6 +68,9 @@ verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy, d
 		git --no-pager diff -- config/crd config/rbac api dist; git status --short -- config/crd config/rbac api dist; \
 		echo "generated files are stale: run 'make manifests generate build-installer' and commit the result" >&2; exit 1; fi
 
+# Go modules of their own (their dependencies would fight the main module's): the chart test.
+SUBMODULES := hack/charttest
+
 .PHONY: fmt
 fmt: ## Run gofmt; fails when a file was not formatted.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:" $$out >&2; exit 1; fi
@@ -75,10 +78,12 @@ fmt: ## Run gofmt; fails when a file was not formatted.
 .PHONY: vet
 vet: ## Run go vet.
 	go vet ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go vet ./...); done
 
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
 
 .PHONY: envtest
 envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside the clone).
@@ -87,8 +92,9 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside t
 ##@ Test
 
 .PHONY: test
-test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, bounded fuzz.
+test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, short e2e, bounded fuzz.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -race -count=1 ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 	$(MAKE) fuzz
 
 .PHONY: fuzz
