@@ -8,6 +8,7 @@ SHELL := /usr/bin/env bash -o pipefail
 LOCALBIN ?= $(CURDIR)/bin
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
 ENVTEST_K8S_VERSION ?= 1.37.2
 export ENVTEST_K8S_VERSION
 
@@ -30,6 +31,19 @@ FUZZ_RESPONSE_HEAD ?= 300000x
 # clock per input, which is what made FuzzDecode sit at "0/sec" for minutes on a busy machine).
 FUZZ_MINIMIZE ?= 10000x
 FUZZFLAGS = -run='^$$' -fuzzminimizetime=$(FUZZ_MINIMIZE)
+
+# The release: VERSION is stamped into both binaries (--version) and the images' annotations;
+# IMG and AGENT_IMG (registry/name:tag) name the images `make images` builds and
+# `make images-push` pushes, and flow into the manifests `make build-installer` renders.
+# The defaults are what dist/install.yaml carries.
+VERSION ?= v0.1.0
+IMG ?= ghcr.io/apportion/manager:$(VERSION)
+AGENT_IMG ?= ghcr.io/apportion/agent:$(VERSION)
+DEFAULT_IMG := ghcr.io/apportion/manager:v0.1.0
+DEFAULT_AGENT_IMG := ghcr.io/apportion/agent:v0.1.0
+# GOARCH of the images' linux binaries (one platform per build).
+IMAGE_ARCH ?= $(shell go env GOARCH)
+
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
 
@@ -53,10 +67,14 @@ generate: controller-gen ## Generate the DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: verify
-verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy) are stale.
-	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api)" ]; then \
-		git --no-pager diff -- config/crd config/rbac api; git status --short -- config/crd config/rbac api; \
-		echo "generated files are stale: run 'make manifests generate' and commit the result" >&2; exit 1; fi
+verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy, dist/install*.yaml) are stale.
+	@$(MAKE) --no-print-directory build-installer IMG=$(DEFAULT_IMG) AGENT_IMG=$(DEFAULT_AGENT_IMG) >/dev/null
+	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api dist)" ]; then \
+		git --no-pager diff -- config/crd config/rbac api dist; git status --short -- config/crd config/rbac api dist; \
+		echo "generated files are stale: run 'make manifests generate build-installer' and commit the result" >&2; exit 1; fi
+
+# Go modules of their own (their dependencies would fight the main module's): the chart test.
+SUBMODULES := hack/charttest
 
 .PHONY: fmt
 fmt: ## Run gofmt; fails when a file was not formatted.
@@ -65,10 +83,12 @@ fmt: ## Run gofmt; fails when a file was not formatted.
 .PHONY: vet
 vet: ## Run go vet.
 	go vet ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go vet ./...); done
 
 .PHONY: lint
 lint: golangci-lint ## Run golangci-lint (waits for another run in progress instead of failing).
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...); done
 
 .PHONY: chromium
 chromium: ## Install Debian's chromium (the demo report's rendering test) when missing.
@@ -81,8 +101,9 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside t
 ##@ Test
 
 .PHONY: test
-test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, short e2e, demo report in Chromium, bounded fuzz.
+test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, bounded fuzz.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" CHROMIUM="$$(hack/chromium.sh)" go test -race -count=1 ./...
+	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 	$(MAKE) fuzz
 
 .PHONY: fuzz
@@ -107,8 +128,16 @@ bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 10
 
 .PHONY: build
 build: ## Build bin/manager and bin/agent.
-	go build -o $(LOCALBIN)/manager ./cmd/manager
-	go build -o $(LOCALBIN)/agent ./cmd/agent
+	go build -ldflags "-X github.com/apportion/apportion/internal/version.Version=$(VERSION)" -o $(LOCALBIN)/manager ./cmd/manager
+	go build -ldflags "-X github.com/apportion/apportion/internal/version.Version=$(VERSION)" -o $(LOCALBIN)/agent ./cmd/agent
+
+.PHONY: images
+images: ## Build the manager and agent images without a daemon: dist/images/{manager,agent}.tar and dist/images/oci.
+	go run ./hack/images build -out dist/images -version $(VERSION) -arch $(IMAGE_ARCH) -manager $(IMG) -agent $(AGENT_IMG)
+
+.PHONY: images-push
+images-push: images ## Push both images to IMG and AGENT_IMG (credentials from ~/.docker/config.json).
+	go run ./hack/images push -layout dist/images/oci
 
 .PHONY: run
 run: manifests ## Run the manager against the cluster of the current kubeconfig.
@@ -119,10 +148,21 @@ demo: ## The 429 storm without and with Apportion (real manager and agents); wri
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go run ./hack/demo
 
 .PHONY: build-installer
-build-installer: manifests ## Render the whole installation to dist/install.yaml.
+build-installer: manifests kustomize ## Render the installation with IMG and AGENT_IMG: dist/install.yaml (cert-controller) and dist/install-certmanager.yaml.
 	@mkdir -p dist
-	"$$(hack/envtest-assets.sh)/kubectl" kustomize config/default > dist/install.yaml
-	@echo "wrote dist/install.yaml"
+	$(call render,config/default,dist/install.yaml)
+	$(call render,config/certmanager,dist/install-certmanager.yaml)
+
+# render(kustomization dir, output file): kustomize build of the dir through a throw-away
+# overlay that sets the two images, so IMG/AGENT_IMG never edit a committed kustomization.
+define render
+	@rm -rf dist/.render && mkdir -p dist/.render && cd dist/.render && \
+	  $(KUSTOMIZE) create --resources ../../$(1) && \
+	  $(KUSTOMIZE) edit set image ghcr.io/apportion/manager=$(IMG) ghcr.io/apportion/agent=$(AGENT_IMG) && \
+	  $(KUSTOMIZE) build . > ../../$(2).tmp
+	@mv -f $(2).tmp $(2) && rm -rf dist/.render
+	@echo "wrote $(2) (manager $(IMG), agent $(AGENT_IMG))"
+endef
 
 ##@ Tools
 
@@ -133,3 +173,7 @@ controller-gen: ## Install controller-gen into ./bin.
 .PHONY: golangci-lint
 golangci-lint: ## Install golangci-lint into ./bin.
 	@hack/tools.sh golangci-lint >/dev/null
+
+.PHONY: kustomize
+kustomize: ## Install kustomize into ./bin.
+	@hack/tools.sh kustomize >/dev/null

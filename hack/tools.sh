@@ -4,6 +4,7 @@
 #
 #   hack/tools.sh                               # all tools
 #   hack/tools.sh controller-gen golangci-lint  # just these
+#   hack/tools.sh kustomize                     # the renderer of make build-installer
 #
 # Each tool is built once per version and Go toolchain with
 # `go install <pkg>@<version>` (from the Go module proxy) into a cache outside
@@ -23,14 +24,19 @@ set -euo pipefail
 
 CONTROLLER_TOOLS_VERSION="${CONTROLLER_TOOLS_VERSION:-v0.23.0}"
 GOLANGCI_LINT_VERSION="${GOLANGCI_LINT_VERSION:-v2.15.0}"
+# v5.8.3 needs a kube-openapi pseudo-version the module proxy does not serve (403).
+KUSTOMIZE_VERSION="${KUSTOMIZE_VERSION:-v5.8.2}"
 
-ALL_TOOLS=(controller-gen golangci-lint)
+ALL_TOOLS=(controller-gen golangci-lint kustomize)
 
 # tool_spec <name>: prints "<package> <version>" for a known tool.
 tool_spec() {
   case "$1" in
     controller-gen) echo "sigs.k8s.io/controller-tools/cmd/controller-gen ${CONTROLLER_TOOLS_VERSION}" ;;
     golangci-lint)  echo "github.com/golangci/golangci-lint/v2/cmd/golangci-lint ${GOLANGCI_LINT_VERSION}" ;;
+    # kustomize renders config/ into dist/ (make build-installer); built from its own Go
+    # module like the others, so rendering never needs the control plane's kubectl.
+    kustomize)      echo "sigs.k8s.io/kustomize/kustomize/v5 ${KUSTOMIZE_VERSION}" ;;
     *) return 1 ;;
   esac
 }

@@ -21,6 +21,7 @@
 //	--drain-timeout D        how long SIGTERM waits for calls in flight (default 10s)
 //	--stale-cache-bytes N    bound of the ServeStale cache; accepts Ki, Mi, Gi (default 16Mi)
 //	--log-level L            debug, info, warn or error (default info)
+//	--version                print the version and exit
 //
 // Exit status: 0 after a graceful shutdown (SIGTERM or SIGINT) and for -h, 1 when the agent
 // cannot start or a listener fails, 2 for invalid flags.
@@ -52,6 +53,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/proxy"
 	"github.com/apportion/apportion/internal/agent/stall"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/version"
 )
 
 func main() {
@@ -62,7 +64,7 @@ func main() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)
 	}
-	os.Exit(run(os.Args[1:], os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type config struct {
@@ -76,6 +78,7 @@ type config struct {
 	drainTimeout    time.Duration
 	staleCacheBytes int64
 	logLevel        slog.Level
+	version         bool
 
 	bootstrapAssignment *assignment.Assignment
 	trust               assignment.TrustSet
@@ -99,8 +102,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 10*time.Second, "how long shutdown waits for calls in flight")
 	stale := fs.String("stale-cache-bytes", "16Mi", "`size` bound of the stale cache (bytes, or with Ki, Mi, Gi)")
 	level := fs.String("log-level", "info", "`level`: debug, info, warn or error")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if c.version {
+		// Answered before the other flags are checked: an image's binary must say what it is
+		// without keys or a bootstrap file (hack/images tests exactly that).
+		return c, nil
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -175,7 +184,7 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-func run(args []string, stderr io.Writer) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -183,6 +192,10 @@ func run(args []string, stderr io.Writer) int {
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "agent: %v\n", err)
 		return 2
+	}
+	if cfg.version {
+		_, _ = fmt.Fprintln(stdout, version.String("agent"))
+		return 0
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	slog.SetDefault(log)

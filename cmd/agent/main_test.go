@@ -339,9 +339,13 @@ func TestFlagValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		var stderr bytes.Buffer
-		if code := run(tt.args, &stderr); code != 2 || !strings.Contains(stderr.String(), tt.want) {
+		if code := run(tt.args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), tt.want) {
 			t.Errorf("run(%q) = %d, %q; want 2 and %q", tt.args, code, stderr.String(), tt.want)
 		}
+	}
+	var stdout bytes.Buffer
+	if code := run([]string{"--version"}, &stdout, io.Discard); code != 0 || !strings.HasPrefix(stdout.String(), "agent dev (revision ") {
+		t.Errorf("run(--version) = %d, %q; want 0 and the version line, without --key-dir", code, stdout.String())
 	}
 	if n, err := parseSize("16Mi"); err != nil || n != 16<<20 {
 		t.Errorf("parseSize(16Mi) = %d, %v", n, err)

@@ -23,15 +23,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/controller"
 	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/version"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:]); errors.Is(err, flag.ErrHelp) {
+		return
+	} else if err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
@@ -39,6 +43,7 @@ func main() {
 
 type options struct {
 	metricsAddr      string
+	metricsSecure    bool
 	probeAddr        string
 	leaderElect      bool
 	managerNamespace string
@@ -51,12 +56,15 @@ type options struct {
 	keyRotation      time.Duration
 	keyOverlap       time.Duration
 	trustConfigMap   string
+	version          bool
 }
 
 func parseFlags(args []string) (options, *zap.Options, error) {
 	var o options
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address the metrics endpoint binds to; 0 disables it")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"serve metrics over HTTPS and only to callers the API server authenticates and authorizes (get on the /metrics non-resource URL); false serves plain HTTP to anyone")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to; 0 disables them")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run under leader election so that only one manager pushes at a time")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", envOr("POD_NAMESPACE", "apportion-system"),
@@ -70,10 +78,14 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
 	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, nil, err
+	}
+	if o.version {
+		return o, zo, nil
 	}
 	var errs []error
 	if fs.NArg() > 0 {
@@ -119,6 +131,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.version {
+		fmt.Println(version.String("manager"))
+		return nil
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(zo)))
 	setupLog := ctrl.Log.WithName("setup")
 
@@ -126,9 +142,17 @@ func run(args []string) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(apportionv1.AddToScheme(scheme))
 
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr}
+	if o.metricsSecure {
+		// kubebuilder v4's default: TLS (a self-signed certificate unless one is mounted) and a
+		// TokenReview + SubjectAccessReview per scrape, so the ClusterRole metrics-reader decides
+		// who may read the ledger's figures (config/rbac/metrics_*.yaml).
+		metricsOpts.SecureServing = true
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
 	mopts := ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "manager.apportion.io",
