@@ -41,17 +41,17 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs and RBAC from the Go markers.
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+manifests: controller-gen ## Generate the CRDs, RBAC and the webhook configuration from the Go markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases output:webhook:artifacts:config=config/webhook
 
 .PHONY: generate
 generate: controller-gen ## Generate the DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: verify
-verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy) are stale.
-	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api)" ]; then \
-		git --no-pager diff -- config/crd config/rbac api; git status --short -- config/crd config/rbac api; \
+verify: manifests generate ## Fail when generated files (CRDs, RBAC, webhook configuration, deepcopy) are stale.
+	@if [ -n "$$(git status --porcelain -- config/crd config/rbac config/webhook/manifests.yaml api)" ]; then \
+		git --no-pager diff -- config/crd config/rbac config/webhook/manifests.yaml api; git status --short -- config/crd config/rbac config/webhook/manifests.yaml api; \
 		echo "generated files are stale: run 'make manifests generate' and commit the result" >&2; exit 1; fi
 
 .PHONY: fmt

@@ -26,6 +26,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/controller"
+	"github.com/apportion/apportion/internal/inject"
 	"github.com/apportion/apportion/internal/push"
 )
 
@@ -48,6 +49,8 @@ type options struct {
 	pushTimeout      time.Duration
 	pushWorkers      int
 	keyRotation      time.Duration
+	webhook          webhookOptions
+	inject           inject.Config
 }
 
 func parseFlags(args []string) (options, *zap.Options, error) {
@@ -57,7 +60,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to; 0 disables them")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run under leader election so that only one manager pushes at a time")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", envOr("POD_NAMESPACE", "apportion-system"),
-		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, agent key Secret")
+		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, agent key Secret, webhook certificate Secret")
 	fs.StringVar(&o.watchNamespace, "namespace", "", "watch only this namespace (default: all)")
 	fs.DurationVar(&o.maxRuleHorizon, "max-degrade-horizon", controller.DefaultMaxDegradeHorizon, "the furthest a DegradeRule's expiresAt may lie in the future")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", push.DefaultLeaseTTL, "how long an agent keeps its permits without renewal")
@@ -65,6 +68,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.pushTimeout, "push-timeout", push.DefaultPushTimeout, "bound on one control request to an agent")
 	fs.IntVar(&o.pushWorkers, "push-workers", push.DefaultWorkers, "control requests in flight at once")
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often the agents' HMAC key is rotated; 0 never")
+	o.webhook.bind(fs)
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -92,6 +96,10 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	}
 	if o.managerNamespace == "" {
 		errs = append(errs, errors.New("--manager-namespace must not be empty"))
+	}
+	var err error
+	if o.inject, err = o.webhook.injectConfig(); err != nil {
+		errs = append(errs, err)
 	}
 	return o, zo, errors.Join(errs...)
 }
@@ -124,6 +132,9 @@ func run(args []string) error {
 		LeaderElectionNamespace: o.managerNamespace,
 		// A leader that loses its lease stops at once; its pushes would be fenced by epoch anyway.
 		LeaderElectionReleaseOnCancel: true,
+	}
+	if o.webhook.port > 0 {
+		mopts.WebhookServer = o.webhook.webhookServer()
 	}
 	if o.watchNamespace != "" {
 		mopts.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{o.watchNamespace: {}}}
@@ -205,7 +216,22 @@ func run(args []string) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	// Namespaces labelled for injection get the agents' keys before their first injected pod.
+	if err := (&controller.InjectionNamespaceReconciler{
+		Client:      mgr.GetClient(),
+		EnsureTrust: replicator.ensure,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("injection namespace controller: %w", err)
+	}
+	ready := healthz.Checker(healthz.Ping)
+	if o.webhook.port > 0 {
+		// A replica is ready — gets admission calls through the webhook Service — only once its
+		// webhook serves.
+		if ready, err = setupWebhook(ctx, mgr, o, o.inject); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		return err
 	}
 	setupLog.Info("starting manager", "managerNamespace", o.managerNamespace, "leaseTTL", o.leaseTTL, "renewEvery", o.renewEvery)
