@@ -76,6 +76,9 @@ func BenchmarkAdmission(b *testing.B) {
 	c, err := cache.New(rc, cache.Options{Scheme: sch})
 	must(err)
 	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		b.Fatal("cache did not sync")
+	}
 	reader, err := client.New(rc, client.Options{Scheme: sch, Cache: &client.CacheOptions{Reader: c}})
 	must(err)
 	// Warm the informers the handler reads, as the manager's controllers do.
