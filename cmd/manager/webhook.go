@@ -165,6 +165,7 @@ func setupWebhook(ctx context.Context, mgr ctrl.Manager, o options, cfg inject.C
 		// GetWebhookServer adds the server to the (running) manager, which starts it.
 		mgr.GetWebhookServer().Register(inject.Path, &webhook.Admission{Handler: &inject.Webhook{
 			Reader:  mgr.GetClient(),
+			Live:    mgr.GetAPIReader(),
 			Config:  cfg,
 			Decoder: admission.NewDecoder(mgr.GetScheme()),
 		}})

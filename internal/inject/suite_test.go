@@ -34,11 +34,9 @@ import (
 var (
 	cfg       *rest.Config
 	k8sClient client.Client
-	// cached reads through the manager's cache, the injector's view.
-	cached  client.Client
-	testEnv *envtest.Environment
-	scheme  = runtime.NewScheme()
-	cancel  context.CancelFunc
+	testEnv   *envtest.Environment
+	scheme    = runtime.NewScheme()
+	cancel    context.CancelFunc
 )
 
 func TestWebhook(t *testing.T) {
@@ -78,9 +76,9 @@ var _ = BeforeSuite(func() {
 		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
-	cached = mgr.GetClient()
 	mgr.GetWebhookServer().Register(Path, &webhook.Admission{Handler: &Webhook{
 		Reader:  mgr.GetClient(),
+		Live:    mgr.GetAPIReader(),
 		Config:  testConfig(),
 		Decoder: admission.NewDecoder(mgr.GetScheme()),
 	}})

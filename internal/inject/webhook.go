@@ -33,8 +33,13 @@ const Path = "/mutate--v1-pod"
 // Webhook is the admission handler: it finds the quotas a new pod belongs to and patches the pod
 // with Mutate's result.
 type Webhook struct {
-	// Reader reads DownstreamQuotas and workloads (the manager's cache).
-	Reader  client.Reader
+	// Reader reads DownstreamQuotas and workloads: the manager's cache.
+	Reader client.Reader
+	// Live, when set, reads them from the API server, for a pod the cache says belongs to no
+	// quota: a quota or workload created a moment before the pod may not be in the cache yet, and
+	// a pod admitted without its agent would call its downstream unmetered. A pod of a labelled
+	// namespace that belongs to no quota costs one such read; the others none.
+	Live    client.Reader
 	Config  Config
 	Decoder admission.Decoder
 }
@@ -43,7 +48,8 @@ type Webhook struct {
 //   - not a pod CREATE, no agent wanted (opted out, already has one, belongs to no quota): allowed
 //     unchanged;
 //   - a bad apportion.io/* annotation or a clash with the agent's volume: denied (403), naming it;
-//   - the quotas or workloads cannot be read: an error (500), so the failure policy decides;
+//   - the quotas or workloads cannot be read: an error (500), so the failure policy decides
+//     (the API server refuses the pod);
 //   - otherwise allowed with a JSON patch that adds the agent.
 func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Kind.Kind != "Pod" || req.Kind.Group != "" {
@@ -71,6 +77,11 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 	quotas, err := targets.QuotasForPod(ctx, w.Reader, ns, pod.Labels)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("finding the pod's DownstreamQuotas: %w", err))
+	}
+	if len(quotas) == 0 && w.Live != nil {
+		if quotas, err = targets.QuotasForPod(ctx, w.Live, ns, pod.Labels); err != nil {
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("finding the pod's DownstreamQuotas: %w", err))
+		}
 	}
 	if len(quotas) == 0 {
 		return admission.Allowed("the pod belongs to no DownstreamQuota target")
