@@ -164,10 +164,11 @@ func setupWebhook(ctx context.Context, mgr ctrl.Manager, o options, cfg inject.C
 		log.Info("certificate ready; serving the injection webhook", "port", w.port, "path", inject.Path)
 		// GetWebhookServer adds the server to the (running) manager, which starts it.
 		mgr.GetWebhookServer().Register(inject.Path, &webhook.Admission{Handler: &inject.Webhook{
-			Reader:  mgr.GetClient(),
-			Live:    mgr.GetAPIReader(),
-			Config:  cfg,
-			Decoder: admission.NewDecoder(mgr.GetScheme()),
+			Reader:    mgr.GetClient(),
+			Live:      mgr.GetAPIReader(),
+			Namespace: o.watchNamespace,
+			Config:    cfg,
+			Decoder:   admission.NewDecoder(mgr.GetScheme()),
 		}})
 		close(registered)
 	}()

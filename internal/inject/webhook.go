@@ -42,11 +42,14 @@ type Webhook struct {
 	Live    client.Reader
 	Config  Config
 	Decoder admission.Decoder
+	// Namespace, when set, is the only namespace the manager watches (--namespace): pods of
+	// other namespaces are not its business and are allowed unchanged.
+	Namespace string
 }
 
 // Handle implements admission.Handler. Every outcome:
-//   - not a pod CREATE, no agent wanted (opted out, already has one, belongs to no quota): allowed
-//     unchanged;
+//   - not a pod, no agent wanted (opted out, already has one, belongs to no quota, outside the
+//     manager's --namespace): allowed unchanged;
 //   - a bad apportion.io/* annotation or a clash with the agent's volume: denied (403), naming it;
 //   - the quotas or workloads cannot be read: an error (500), so the failure policy decides
 //     (the API server refuses the pod);
@@ -73,6 +76,9 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 	ns := req.Namespace
 	if ns == "" {
 		ns = pod.Namespace
+	}
+	if w.Namespace != "" && ns != w.Namespace {
+		return admission.Allowed("outside the manager's namespace " + w.Namespace)
 	}
 	quotas, err := targets.QuotasForPod(ctx, w.Reader, ns, pod.Labels)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,23 @@ func NewAgent(bin *Binaries, pod, ip, keyDir, dir string, extra ...string) *Agen
 		Name:    "agent " + pod,
 		Path:    bin.Agent,
 		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, keyDir, extra...),
+		LogPath: filepath.Join(dir, pod+".log"),
+	}
+	return a
+}
+
+// newAgentFromSpec prepares the agent of an admitted pod (agentSpecFromPod): its args, then the
+// harness's own (a shorter drain, to keep tests fast) and extra.
+func newAgentFromSpec(bin *Binaries, pod, ip, keyDir, dir string, spec AgentSpec, extra ...string) *Agent {
+	a := &Agent{Pod: pod, IP: ip, DataPort: spec.DataPort, ControlPort: spec.ControlPort, KeyDir: keyDir}
+	args := slices.Clone(spec.Args)
+	if bin.AgentHas("drain-timeout") {
+		args = append(args, "--drain-timeout=2s")
+	}
+	a.Proc = &Proc{
+		Name:    "agent " + pod,
+		Path:    bin.Agent,
+		Args:    append(args, extra...),
 		LogPath: filepath.Join(dir, pod+".log"),
 	}
 	return a
