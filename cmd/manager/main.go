@@ -223,7 +223,7 @@ func run(args []string) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("injection namespace controller: %w", err)
 	}
-	ready := healthz.Checker(healthz.Ping)
+	ready := healthz.Ping
 	if o.webhook.port > 0 {
 		// A replica is ready — gets admission calls through the webhook Service — only once its
 		// webhook serves.

@@ -44,7 +44,7 @@ func createPod(ctx context.Context, c client.Client, pod *corev1.Pod, logf func(
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("creating pod %s: %w (last: %v)", pod.Name, ctx.Err(), err)
+			return fmt.Errorf("creating pod %s: %w (last: %w)", pod.Name, ctx.Err(), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
