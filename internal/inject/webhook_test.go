@@ -198,6 +198,25 @@ var _ = Describe("Agent injection", func() {
 		))
 	})
 
+	It("injects a pod of a StatefulSet target, matched by the StatefulSet's selector", func() {
+		ns := newNamespace(ctx, true)
+		d := deployment(ns, "ledger")
+		sts := &appsv1.StatefulSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger"},
+			Spec: appsv1.StatefulSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: "ledger"},
+		}
+		dq := quota(ns, "payments")
+		dq.Spec.Targets = []apportionv1.Target{{Kind: apportionv1.KindStatefulSet, Name: "ledger"}}
+		create(ctx, sts, dq)
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger-0", Labels: map[string]string{"app": "ledger"}},
+			Spec:       *sts.Spec.Template.Spec.DeepCopy(),
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		Expect(agentOf(p)).NotTo(BeNil())
+		Expect(envOf(p.Spec.Containers[0])).To(HaveKeyWithValue("APPORTION_PAYMENTS_URL", "http://127.0.0.1:15001/payments"))
+	})
+
 	It("answers a dry-run create with the injected pod and stores nothing", func() {
 		ns := newNamespace(ctx, true)
 		d := deployment(ns, "gateway")
