@@ -88,8 +88,8 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
 .PHONY: bench
-bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning).
-	go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
+bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
 
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.

@@ -203,7 +203,7 @@ var _ = Describe("Agent injection", func() {
 		d := deployment(ns, "ledger")
 		sts := &appsv1.StatefulSet{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger"},
-			Spec: appsv1.StatefulSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: "ledger"},
+			Spec:       appsv1.StatefulSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: "ledger"},
 		}
 		dq := quota(ns, "payments")
 		dq.Spec.Targets = []apportionv1.Target{{Kind: apportionv1.KindStatefulSet, Name: "ledger"}}
