@@ -27,10 +27,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
 func main() {
+	// envtest logs its webhook installation through controller-runtime's logger; the demo's
+	// output is its own narration.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)
 	stop()
