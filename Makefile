@@ -59,18 +59,18 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRDs and RBAC from the Go markers.
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+manifests: controller-gen ## Generate the CRDs, RBAC and the webhook configuration from the Go markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases output:webhook:artifacts:config=config/webhook
 
 .PHONY: generate
 generate: controller-gen ## Generate the DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: verify
-verify: manifests generate ## Fail when generated files (CRDs, RBAC, deepcopy, dist/install*.yaml) are stale.
+verify: manifests generate ## Fail when generated files (CRDs, RBAC, webhook configuration, deepcopy, dist/install*.yaml) are stale.
 	@$(MAKE) --no-print-directory build-installer IMG=$(DEFAULT_IMG) AGENT_IMG=$(DEFAULT_AGENT_IMG) >/dev/null
-	@if [ -n "$$(git status --porcelain -- config/crd config/rbac api dist)" ]; then \
-		git --no-pager diff -- config/crd config/rbac api dist; git status --short -- config/crd config/rbac api dist; \
+	@if [ -n "$$(git status --porcelain -- config/crd config/rbac config/webhook/manifests.yaml api dist)" ]; then \
+		git --no-pager diff -- config/crd config/rbac config/webhook/manifests.yaml api dist; git status --short -- config/crd config/rbac config/webhook/manifests.yaml api dist; \
 		echo "generated files are stale: run 'make manifests generate build-installer' and commit the result" >&2; exit 1; fi
 
 # Go modules of their own (their dependencies would fight the main module's): the chart test.
@@ -117,8 +117,8 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
 .PHONY: bench
-bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning).
-	go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
+bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
 
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.
@@ -152,6 +152,9 @@ build-installer: manifests kustomize ## Render the installation with IMG and AGE
 	@mkdir -p dist
 	$(call render,config/default,dist/install.yaml)
 	$(call render,config/certmanager,dist/install-certmanager.yaml)
+	@# The chart carries the same CRDs (Helm installs crds/ before the templates).
+	@for f in config/crd/bases/apportion.io_*.yaml; do n=$${f##*/apportion.io_}; cp "$$f" "dist/chart/crds/$${n%.yaml}.apportion.io.yaml"; done
+	@hack/chart-rbac.sh dist/install.yaml apportion-system > dist/chart/templates/rbac.yaml
 
 # render(kustomization dir, output file): kustomize build of the dir through a throw-away
 # overlay that sets the two images, so IMG/AGENT_IMG never edit a committed kustomization.

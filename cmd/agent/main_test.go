@@ -345,7 +345,7 @@ func TestFlagValidation(t *testing.T) {
 	}
 	var stdout bytes.Buffer
 	if code := run([]string{"--version"}, &stdout, io.Discard); code != 0 || !strings.HasPrefix(stdout.String(), "agent dev (revision ") {
-		t.Errorf("run(--version) = %d, %q; want 0 and the version line, without --key-dir", code, stdout.String())
+		t.Errorf("run(--version) = %d, %q; want 0 and the version line, without --trust-dir", code, stdout.String())
 	}
 	if n, err := parseSize("16Mi"); err != nil || n != 16<<20 {
 		t.Errorf("parseSize(16Mi) = %d, %v", n, err)

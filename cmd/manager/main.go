@@ -28,6 +28,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/controller"
+	"github.com/apportion/apportion/internal/inject"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/version"
 )
@@ -57,6 +58,8 @@ type options struct {
 	keyOverlap       time.Duration
 	trustConfigMap   string
 	version          bool
+	webhook          webhookOptions
+	inject           inject.Config
 }
 
 func parseFlags(args []string) (options, *zap.Options, error) {
@@ -68,7 +71,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to; 0 disables them")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run under leader election so that only one manager pushes at a time")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", envOr("POD_NAMESPACE", "apportion-system"),
-		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, signing key Secret")
+		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, signing key Secret, webhook certificate Secret")
 	fs.StringVar(&o.watchNamespace, "namespace", "", "watch only this namespace (default: all)")
 	fs.DurationVar(&o.maxRuleHorizon, "max-degrade-horizon", controller.DefaultMaxDegradeHorizon, "the furthest a DegradeRule's expiresAt may lie in the future")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", push.DefaultLeaseTTL, "how long an agent keeps its permits without renewal")
@@ -79,6 +82,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	o.webhook.bind(fs)
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -115,6 +119,10 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	}
 	if o.managerNamespace == "" {
 		errs = append(errs, errors.New("--manager-namespace must not be empty"))
+	}
+	var err error
+	if o.inject, err = o.webhook.injectConfig(); err != nil {
+		errs = append(errs, err)
 	}
 	return o, zo, errors.Join(errs...)
 }
@@ -161,6 +169,9 @@ func run(args []string) error {
 		LeaderElectionReleaseOnCancel: true,
 	}
 	mopts.Cache = cache.Options{ByObject: controller.TrustCacheOptions()}
+	if o.webhook.port > 0 {
+		mopts.WebhookServer = o.webhook.webhookServer()
+	}
 	if o.watchNamespace != "" {
 		mopts.Cache.DefaultNamespaces = map[string]cache.Config{o.watchNamespace: {}}
 	}
@@ -257,7 +268,15 @@ func run(args []string) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	ready := healthz.Ping
+	if o.webhook.port > 0 {
+		// A replica is ready — gets admission calls through the webhook Service — only once its
+		// webhook serves.
+		if ready, err = setupWebhook(ctx, mgr, o, o.inject); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		return err
 	}
 	setupLog.Info("starting manager", "managerNamespace", o.managerNamespace, "leaseTTL", o.leaseTTL, "renewEvery", o.renewEvery)

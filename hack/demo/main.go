@@ -62,7 +62,8 @@ import (
 )
 
 func main() {
-	// The harness's control plane logs through controller-runtime; the demo prints its own story.
+	// envtest logs its webhook installation through controller-runtime's logger; the demo's
+	// output is its own narration.
 	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)

@@ -11,7 +11,7 @@
 // of the application/problem+json answer, see Problem).
 //
 // Besides the types, the package holds what both ends of the control API share: strict decoding
-// and validation (Decode, Validate), request signing (Sign, Verify, LoadKeyDir) and the
+// and validation (Decode, Validate), request signing (Sign, Verify, LoadTrustDir) and the
 // manager's client (Client).
 package assignment
 

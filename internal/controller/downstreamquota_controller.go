@@ -32,6 +32,7 @@ import (
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
 	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/targets"
 )
 
 // Pusher delivers each pod's permits to its agent and reports what the pods hold. The push
@@ -163,26 +164,12 @@ type targetObservation struct {
 
 func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t apportionv1.Target) (targetObservation, error) {
 	o := targetObservation{Target: t}
-	var selector *metav1.LabelSelector
-	key := types.NamespacedName{Namespace: ns, Name: t.Name}
-	switch t.Kind {
-	case apportionv1.KindDeployment:
-		var d appsv1.Deployment
-		if err := r.Get(ctx, key, &d); err != nil {
-			return o, client.IgnoreNotFound(err)
-		}
-		o.Found, selector = d.DeletionTimestamp == nil, d.Spec.Selector
-		o.SpecReplicas = ptrOr(d.Spec.Replicas, 1)
-	case apportionv1.KindStatefulSet:
-		var s appsv1.StatefulSet
-		if err := r.Get(ctx, key, &s); err != nil {
-			return o, client.IgnoreNotFound(err)
-		}
-		o.Found, selector = s.DeletionTimestamp == nil, s.Spec.Selector
-		o.SpecReplicas = ptrOr(s.Spec.Replicas, 1)
-	default:
-		return o, nil
+	// The same rule as the injection webhook's (internal/targets): the workload's selector.
+	w, err := targets.Get(ctx, r.Client, ns, t)
+	if err != nil || !w.Exists {
+		return o, err
 	}
+	o.Found, o.SpecReplicas = !w.Terminating, w.SpecReplicas
 
 	hpa, err := r.hpaFor(ctx, ns, t)
 	if err != nil {
@@ -197,13 +184,11 @@ func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t ap
 		}
 	}
 
-	sel, err := metav1.LabelSelectorAsSelector(selector)
-	if err != nil || sel.Empty() {
-		// An empty selector would count every pod in the namespace; the workload API forbids it.
-		return o, err
+	if w.Selector == nil {
+		return o, nil // never list without a selector: that would count every pod of the namespace
 	}
 	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := r.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: w.Selector}); err != nil {
 		return o, err
 	}
 	for _, p := range pods.Items {
@@ -479,46 +464,20 @@ func (r *DownstreamQuotaReconciler) quotasForHPA(ctx context.Context, o client.O
 	return out
 }
 
-// quotasForPod maps a pod to the quotas of the workloads whose selector matches it. The quotas
-// of the pod's namespace are few; their workloads come from the cache.
+// quotasForPod maps a pod to the quotas of the workloads whose selector matches it
+// (internal/targets, the rule the injection webhook uses too). The quotas of the pod's namespace
+// are few; their workloads come from the cache.
 func (r *DownstreamQuotaReconciler) quotasForPod(ctx context.Context, o client.Object) []reconcile.Request {
-	var list apportionv1.DownstreamQuotaList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+	list, err := targets.QuotasForPod(ctx, r.Client, o.GetNamespace(), o.GetLabels())
+	if err != nil {
 		log.FromContext(ctx).Error(err, "mapping pod to quotas")
 		return nil
 	}
-	podLabels := labels.Set(o.GetLabels())
-	var out []reconcile.Request
-	for _, dq := range list.Items {
-		for _, t := range dq.Spec.Targets {
-			if r.workloadSelects(ctx, dq.Namespace, t, podLabels) {
-				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name}})
-				break
-			}
-		}
+	out := make([]reconcile.Request, 0, len(list))
+	for _, dq := range list {
+		out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name}})
 	}
 	return out
-}
-
-func (r *DownstreamQuotaReconciler) workloadSelects(ctx context.Context, ns string, t apportionv1.Target, podLabels labels.Set) bool {
-	var selector *metav1.LabelSelector
-	key := types.NamespacedName{Namespace: ns, Name: t.Name}
-	switch t.Kind {
-	case apportionv1.KindDeployment:
-		var d appsv1.Deployment
-		if r.Get(ctx, key, &d) != nil {
-			return false
-		}
-		selector = d.Spec.Selector
-	case apportionv1.KindStatefulSet:
-		var s appsv1.StatefulSet
-		if r.Get(ctx, key, &s) != nil {
-			return false
-		}
-		selector = s.Spec.Selector
-	}
-	sel, err := metav1.LabelSelectorAsSelector(selector)
-	return err == nil && !sel.Empty() && sel.Matches(podLabels)
 }
 
 func quotaForRule(_ context.Context, o client.Object) []reconcile.Request {

@@ -15,8 +15,8 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// BenchmarkConverge measures, with N in-process agents on loopback (real control handler, HMAC
-// signing, JSON), the time from SetQuota with new permits until every agent acknowledged them
+// BenchmarkConverge measures, with N in-process agents on loopback (real control handler, Ed25519
+// signatures, JSON), the time from SetQuota with new permits until every agent acknowledged them
 // (Report.Converged). Each change swaps the shares of the even and odd pods (12 ↔ 8 permits)
 // under a limit of 10 per pod, so every change needs two rounds: the lowerings must be
 // acknowledged before the raises fit. Reports p50-ms, p99-ms and max-ms over max(b.N, 20)

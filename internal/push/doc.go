@@ -8,7 +8,7 @@
 // ConfigMapEpoch), add it to the manager (it is a leader-election Runnable), and have the
 // DownstreamQuota controller call SetQuota / DeleteQuota and read Report, and the DegradeRule
 // controller read SwitchApplied. Options.OnChange tells the controllers when a quota's Report
-// changed. AgentKeys manages the Secret with the control API's HMAC keys.
+// changed. SigningKeys manages the Secret with the manager's Ed25519 signing keys (its own namespace only).
 //
 // Structure: core (core.go, ledger.go, planner.go) is a deterministic state machine without
 // I/O, goroutines or clock reads; Engine (engine.go) runs it under one mutex with a bounded

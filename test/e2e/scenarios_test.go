@@ -53,8 +53,11 @@ func TestScaleSteps(t *testing.T) {
 }
 
 // TestManagerKilledDuringScaleOut: kill -9 the manager after the HPA decided 8 → 16 and before
-// the new pods exist; the pods come up while no manager runs; a new manager starts, must fence
-// the old one's assignments with a higher epoch and wait out leases before raising anyone.
+// the new pods exist; a new manager starts a second later, must fence the old one's assignments
+// with a higher epoch and wait out leases before raising anyone. The new pods cannot be created
+// while no manager serves the injection webhook (failurePolicy Fail: no pod of a target without
+// its agent); the harness retries their creation as the ReplicaSet controller does, so they come
+// up while the new manager starts.
 func TestManagerKilledDuringScaleOut(t *testing.T) {
 	s := scenario(t, harness.ScenarioConfig{})
 	ctx := t.Context()
@@ -68,19 +71,23 @@ func TestManagerKilledDuringScaleOut(t *testing.T) {
 	for _, st := range sts {
 		oldEpoch = max(oldEpoch, st.Epoch)
 	}
+	restarted := make(chan error, 1)
 	err = s.Workload.ScaleTo(ctx, 16, harness.ScaleOptions{Step: 150 * time.Millisecond, BetweenPhases: func(phase string) {
 		if phase == "spec" {
 			t.Logf("kill -9 the manager (pid %d)", s.Manager.Pid())
 			if err := s.Manager.Kill(); err != nil {
 				t.Error(err)
 			}
+			go func() {
+				_ = sleep(ctx, time.Second)
+				restarted <- s.Manager.Start(ctx)
+			}()
 		}
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = sleep(ctx, time.Second)
-	if err := s.Manager.Start(ctx); err != nil {
+	if err := <-restarted; err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
@@ -315,14 +322,25 @@ func TestRandomized(t *testing.T) {
 			actions["scale+manager-kill"]++
 			t.Logf("action: scale to %d, killing the manager on the way", n)
 			phase := []string{"decided", "spec", "pods"}[rng.IntN(3)]
+			down := between(100*time.Millisecond, 2*time.Second)
+			// The restart runs beside the scale: pods wait for the injection webhook (as the
+			// ReplicaSet controller's retries do) while no manager serves it.
+			restarted := make(chan error, 1)
+			killed := false
 			err = w.ScaleTo(ctx, n, harness.ScaleOptions{Step: between(50*time.Millisecond, 300*time.Millisecond), BetweenPhases: func(p string) {
 				if p == phase {
+					killed = true
 					_ = s.Manager.Kill()
+					go func() {
+						_ = sleep(ctx, down)
+						restarted <- s.Manager.Start(ctx)
+					}()
 				}
 			}})
-			_ = sleep(ctx, between(100*time.Millisecond, 2*time.Second))
-			if serr := s.Manager.Start(ctx); err == nil {
-				err = serr
+			if killed {
+				if serr := <-restarted; err == nil {
+					err = serr
+				}
 			}
 		case k < 5:
 			actions["manager-restart"]++

@@ -320,8 +320,10 @@ func (d *describing) Unregister(prometheus.Collector) bool { return true }
 // noAgents is an AgentClient that is never called: the engine is built, not started.
 type noAgents struct{}
 
-func (noAgents) Push(context.Context, string, *assignment.Assignment) (*assignment.State, error) {
+func (noAgents) Push(context.Context, assignment.Endpoint, *assignment.Assignment) (*assignment.State, error) {
 	panic("not started")
 }
 
-func (noAgents) State(context.Context, string) (*assignment.State, error) { panic("not started") }
+func (noAgents) State(context.Context, assignment.Endpoint, int64) (*assignment.State, error) {
+	panic("not started")
+}

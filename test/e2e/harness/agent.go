@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,25 @@ func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...
 		Name:    "agent " + pod,
 		Path:    bin.Agent,
 		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, namespace, pod, trustDir, extra...),
+		LogPath: filepath.Join(dir, pod+".log"),
+	}
+	return a
+}
+
+// newAgentFromSpec prepares the agent of an admitted pod namespace/pod (agentSpecFromPod): its
+// args and environment, then the harness's own args (a shorter drain, to keep tests fast) and
+// extra.
+func newAgentFromSpec(bin *Binaries, namespace, pod, ip, trustDir, dir string, spec AgentSpec, extra ...string) *Agent {
+	a := &Agent{Namespace: namespace, Pod: pod, IP: ip, DataPort: spec.DataPort, ControlPort: spec.ControlPort, TrustDir: trustDir}
+	args := slices.Clone(spec.Args)
+	if bin.AgentHas("drain-timeout") {
+		args = append(args, "--drain-timeout=2s")
+	}
+	a.Proc = &Proc{
+		Name:    "agent " + pod,
+		Path:    bin.Agent,
+		Args:    append(args, extra...),
+		Env:     spec.Env,
 		LogPath: filepath.Join(dir, pod+".log"),
 	}
 	return a

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +38,11 @@ type ControlPlane struct {
 	AssetsDir string
 	// Root is the repository root.
 	Root string
+	// Webhook is where the API server calls the injection webhook: envtest installs
+	// config/webhook/manifests.yaml pointed at a local URL (LocalServingHost, LocalServingPort)
+	// with a CA and serving certificate of its own in LocalServingCertDir, which the manager is
+	// started with. Nil when the repository has no webhook configuration.
+	Webhook *envtest.WebhookInstallOptions
 }
 
 // StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir.
@@ -62,12 +68,20 @@ func StartControlPlane(dir string) (*ControlPlane, error) {
 		BinaryAssetsDirectory:    assets,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths:                    []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+			IgnoreErrorIfPathMissing: true,
+			LocalServingHost:         "127.0.0.1",
+		},
 	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
 	}
 	cp := &ControlPlane{Env: env, Scheme: scheme, AssetsDir: assets, Root: root}
+	if len(env.WebhookInstallOptions.MutatingWebhooks) > 0 {
+		cp.Webhook = &env.WebhookInstallOptions
+	}
 	fail := func(err error) (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, err
@@ -115,6 +129,16 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, er
 	err := cmd.Run()
 	return out.String(), err
 }
+
+// EnableInjection labels a namespace apportion.io/injection=enabled: the API server then calls
+// the injection webhook for its pods.
+func (cp *ControlPlane) EnableInjection(ctx context.Context, name string) error {
+	patch := []byte(`{"metadata":{"labels":{"` + InjectionLabel + `":"enabled"}}}`)
+	return cp.Client.Patch(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
+}
+
+// InjectionLabel opts a namespace in to agent injection.
+const InjectionLabel = "apportion.io/injection"
 
 // CreateNamespace creates a namespace (an existing one is fine).
 func (cp *ControlPlane) CreateNamespace(ctx context.Context, name string) error {

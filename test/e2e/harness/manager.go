@@ -62,6 +62,20 @@ func NewManager(bin *Binaries, cp *ControlPlane, dir string, o ManagerOptions) (
 	if o.PushTimeout > 0 {
 		want("push-timeout", o.PushTimeout.String())
 	}
+	switch {
+	case cp.Webhook != nil && bin.ManagerHas("webhook-port"):
+		// The manager serves the injection webhook where envtest told the API server to call it,
+		// with envtest's certificate (the cert-manager mode: no rotation of its own).
+		args = append(args,
+			"--webhook-host="+cp.Webhook.LocalServingHost,
+			"--webhook-port="+strconv.Itoa(cp.Webhook.LocalServingPort),
+			"--webhook-cert-dir="+cp.Webhook.LocalServingCertDir,
+			"--webhook-cert-rotation=false",
+			"--agent-image="+AgentImage,
+		)
+	case bin.ManagerHas("webhook-port"):
+		args = append(args, "--webhook-port=0")
+	}
 	args = append(args, o.ExtraArgs...)
 	m.Proc = &Proc{
 		Name:    "manager",

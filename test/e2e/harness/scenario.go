@@ -154,6 +154,12 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	if err := e.CP.CreateNamespace(ctx, cfg.Namespace); err != nil {
 		return nil, err
 	}
+	if e.CP.Webhook != nil {
+		// The pods get their agents from the manager's injection webhook.
+		if err := e.CP.EnableInjection(ctx, cfg.Namespace); err != nil {
+			return nil, err
+		}
+	}
 	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
 		return nil, err
 	}

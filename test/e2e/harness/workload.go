@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -95,11 +94,9 @@ func (w *Workload) deployment() *appsv1.Deployment {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				// No agent: the injection webhook adds it, as in a cluster.
 				Spec: corev1.PodSpec{Containers: []corev1.Container{
 					{Name: "app", Image: "example.invalid/app:e2e"},
-					{Name: "apportion-agent", Image: "example.invalid/agent:e2e", Ports: []corev1.ContainerPort{
-						{Name: "apportion-ctl", ContainerPort: AgentControlPort},
-					}},
 				}},
 			},
 		},
@@ -198,8 +195,9 @@ func (w *Workload) AddPods(ctx context.Context, n int) ([]*Agent, error) {
 	return out, errors.Join(errs...)
 }
 
-// AddPod creates a Pod object, starts its agent on a fresh loopback address (after
-// PodStartDelay) and writes the Pod's status: podIP, Running; Ready once the agent is ready.
+// AddPod creates a Pod object through the API server (and so the injection webhook), starts its
+// agent as the admitted pod's apportion-agent container says, on a fresh loopback address (after
+// PodStartDelay), and writes the Pod's status: podIP, Running; Ready once the agent is ready.
 func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 	ip, err := w.ips.Next()
 	if err != nil {
@@ -220,9 +218,15 @@ func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 		},
 		Spec: *tpl.Spec.DeepCopy(),
 	}
-	pod.Annotations[AgentPortAnnotation] = strconv.Itoa(AgentControlPort)
-	if err := w.cp.Client.Create(ctx, pod); err != nil {
+	if err := createPod(ctx, w.cp.Client, pod, w.cfg.Logf); err != nil {
 		return nil, fmt.Errorf("creating pod %s: %w", name, err)
+	}
+	// The agent runs as the admitted pod says: the injected sidecar's args and ports.
+	var spec AgentSpec
+	if !w.cfg.NoAgents {
+		if spec, err = agentSpecFromPod(pod, ip, w.keys.Dir); err != nil {
+			return nil, err
+		}
 	}
 	if w.cfg.PodStartDelay > 0 {
 		select {
@@ -233,7 +237,7 @@ func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 	}
 	var a *Agent
 	if !w.cfg.NoAgents {
-		a = NewAgent(w.bin, w.cfg.Namespace, name, ip, w.keys.Dir, w.dir, w.cfg.AgentArgs...)
+		a = newAgentFromSpec(w.bin, w.cfg.Namespace, name, ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
 		if err := a.Start(ctx); err != nil {
 			_ = a.Kill()
 			return nil, err

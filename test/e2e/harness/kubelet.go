@@ -1,0 +1,184 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apportion/apportion/internal/push"
+)
+
+// AgentImage is the agent image the harness's manager injects (--agent-image). The harness's
+// "kubelet" runs the agent binary it built for it, and refuses any other image.
+const AgentImage = "e2e.apportion.invalid/agent:built-by-the-harness"
+
+// AgentContainer is the name of the agent's container, injected or hand-written.
+const AgentContainer = "apportion-agent"
+
+// createPod creates pod through the API server, retrying while the injection webhook cannot be
+// called — the API server then refuses the pod (failurePolicy Fail), and the ReplicaSet
+// controller retries the same way until a manager serves the webhook again. On success pod holds
+// what the API server admitted.
+func createPod(ctx context.Context, c client.Client, pod *corev1.Pod, logf func(string, ...any)) error {
+	backoff := 50 * time.Millisecond
+	logged := false
+	for {
+		p := pod.DeepCopy()
+		err := c.Create(ctx, p)
+		if err == nil {
+			*pod = *p
+			return nil
+		}
+		if !strings.Contains(err.Error(), "failed calling webhook") {
+			return err
+		}
+		if !logged {
+			logf("pod %s: the API server cannot call the injection webhook; retrying as the ReplicaSet controller would (%v)", pod.Name, err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("creating pod %s: %w (last: %w)", pod.Name, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// agentContainer finds the pod's agent: the injected native sidecar (an init container), or a
+// hand-written plain container.
+func agentContainer(pod *corev1.Pod) (*corev1.Container, bool) {
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			if list[i].Name == AgentContainer {
+				return &list[i], true
+			}
+		}
+	}
+	return nil, false
+}
+
+// AgentSpec is how the "kubelet" runs an admitted pod's agent on the pod's own loopback address.
+type AgentSpec struct {
+	Args []string
+	// Env is the container's environment as NAME=value, the downward API resolved for the pod.
+	Env                   []string
+	DataPort, ControlPort int
+}
+
+// agentSpecFromPod reads the agent's command line and ports from the admitted pod, as a kubelet
+// would run its container, translated to this machine: the pod's network namespace is its own
+// loopback address ip (so 127.0.0.1 and "all interfaces" inside the pod both mean ip), and the
+// trust volume mounted at --trust-dir is trustDir, which plays the ConfigMap volume; the
+// downward API's fields are the pod's. It fails when the pod has no agent, runs an image the
+// harness did not build, or is inconsistent: a flag the pod spec does not satisfy (a --trust-dir
+// that is not a mounted trust ConfigMap, a control port the named container port does not match,
+// an environment variable from a source the harness cannot resolve) would fail in a cluster too.
+func agentSpecFromPod(pod *corev1.Pod, ip, trustDir string) (AgentSpec, error) {
+	c, ok := agentContainer(pod)
+	if !ok {
+		return AgentSpec{}, fmt.Errorf("pod %s was admitted without an %s container: is its namespace labelled %s=enabled, and does its workload belong to a DownstreamQuota?",
+			pod.Name, AgentContainer, InjectionLabel)
+	}
+	if c.Image != AgentImage {
+		return AgentSpec{}, fmt.Errorf("pod %s: the agent's image is %q; the harness runs only %q (the binary it built)", pod.Name, c.Image, AgentImage)
+	}
+	if len(c.Command) > 0 {
+		return AgentSpec{}, fmt.Errorf("pod %s: the agent overrides the image's entrypoint with %q", pod.Name, c.Command)
+	}
+	var s AgentSpec
+	listen := func(flag, v string) (string, int, error) {
+		host, port, err := net.SplitHostPort(v)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n <= 0 || n > 65535 {
+			return "", 0, fmt.Errorf("pod %s: %s=%q is not host:port", pod.Name, flag, v)
+		}
+		switch host {
+		case "", "127.0.0.1", "localhost", "0.0.0.0", "::":
+		default:
+			return "", 0, fmt.Errorf("pod %s: %s=%q binds an address a pod does not have", pod.Name, flag, v)
+		}
+		return net.JoinHostPort(ip, port), n, nil
+	}
+	for _, a := range c.Args {
+		name, value, hasValue := strings.Cut(a, "=")
+		switch name {
+		case "--listen", "--control-listen", "--trust-dir":
+			if !hasValue {
+				return AgentSpec{}, fmt.Errorf("pod %s: the harness reads %s only in the --flag=value form", pod.Name, name)
+			}
+		}
+		switch name {
+		case "--listen":
+			addr, port, err := listen(name, value)
+			if err != nil {
+				return AgentSpec{}, err
+			}
+			s.DataPort = port
+			a = name + "=" + addr
+		case "--control-listen":
+			addr, port, err := listen(name, value)
+			if err != nil {
+				return AgentSpec{}, err
+			}
+			s.ControlPort = port
+			a = name + "=" + addr
+		case "--trust-dir":
+			if err := trustVolumeAt(pod, c, value); err != nil {
+				return AgentSpec{}, err
+			}
+			a = name + "=" + trustDir
+		}
+		s.Args = append(s.Args, a)
+	}
+	for _, e := range c.Env {
+		v := e.Value
+		if e.ValueFrom != nil {
+			f := e.ValueFrom.FieldRef
+			switch {
+			case f != nil && f.FieldPath == "metadata.name":
+				v = pod.Name
+			case f != nil && f.FieldPath == "metadata.namespace":
+				v = pod.Namespace
+			default:
+				return AgentSpec{}, fmt.Errorf("pod %s: the agent's env %s comes from a source the harness does not resolve: %+v", pod.Name, e.Name, e.ValueFrom)
+			}
+		}
+		s.Env = append(s.Env, e.Name+"="+v)
+	}
+	if s.DataPort == 0 || s.ControlPort == 0 {
+		return AgentSpec{}, fmt.Errorf("pod %s: the agent's args %q set no --listen or no --control-listen", pod.Name, c.Args)
+	}
+	named := 0
+	for _, p := range c.Ports {
+		if p.Name == "apportion-ctl" {
+			named = int(p.ContainerPort)
+		}
+	}
+	if named != s.ControlPort {
+		return AgentSpec{}, fmt.Errorf("pod %s: the container port apportion-ctl is %d but the agent's control port is %d: the manager would not reach it", pod.Name, named, s.ControlPort)
+	}
+	return s, nil
+}
+
+// trustVolumeAt checks that path is where c mounts a volume of the manager's trust ConfigMap.
+func trustVolumeAt(pod *corev1.Pod, c *corev1.Container, path string) error {
+	i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return filepath.Clean(m.MountPath) == filepath.Clean(path) })
+	if i < 0 {
+		return fmt.Errorf("pod %s: --trust-dir=%s is not a volume mount of the agent", pod.Name, path)
+	}
+	name := c.VolumeMounts[i].Name
+	j := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
+	if j < 0 || pod.Spec.Volumes[j].ConfigMap == nil || pod.Spec.Volumes[j].ConfigMap.Name != push.DefaultTrustConfigMap {
+		return fmt.Errorf("pod %s: the volume %s at --trust-dir=%s is not the ConfigMap %s", pod.Name, name, path, push.DefaultTrustConfigMap)
+	}
+	return nil
+}
