@@ -252,6 +252,7 @@ func run(args []string) error {
 	}
 	if err := (&controller.TrustReconciler{
 		Client: mgr.GetClient(), Name: o.trustConfigMap, Data: keeper.trustData, Changes: trustChanges,
+		Namespace: o.watchNamespace,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("trust controller: %w", err)
 	}

@@ -125,10 +125,12 @@ var _ = Describe("The manager's RBAC (config/rbac)", Ordered, func() {
 			Expect(allowed(ctx, verb, "secrets", app)).To(BeFalse(), "%s secrets in an app namespace", verb)
 			Expect(allowed(ctx, verb, "secrets", "")).To(BeFalse(), "%s secrets cluster-wide", verb)
 		}
-		for _, verb := range []string{"get", "create", "update"} {
-			Expect(allowed(ctx, verb, "secrets", rbacNamespace)).To(BeTrue(), "%s its own signing key Secret", verb)
+		// In its own namespace: the signing key Secret, and the webhook's serving certificate, which
+		// cert-controller's rotator watches through a cache of that namespace only.
+		for _, verb := range []string{"get", "list", "watch", "create", "update", "patch"} {
+			Expect(allowed(ctx, verb, "secrets", rbacNamespace)).To(BeTrue(), "%s its own Secrets", verb)
 		}
-		Expect(allowed(ctx, "list", "secrets", rbacNamespace)).To(BeFalse(), "list Secrets even in its namespace")
+		Expect(allowed(ctx, "delete", "secrets", rbacNamespace)).To(BeFalse(), "delete Secrets even in its namespace")
 		// What it needs elsewhere: the trust ConfigMaps, namespaces, pods.
 		for _, verb := range []string{"get", "list", "watch", "create", "update"} {
 			Expect(allowed(ctx, verb, "configmaps", app)).To(BeTrue(), "%s configmaps in an app namespace", verb)

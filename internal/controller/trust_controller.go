@@ -67,6 +67,9 @@ type TrustReconciler struct {
 	Data func() map[string]string
 	// Changes receives an event whenever Data changes; every namespace is reconciled.
 	Changes <-chan event.GenericEvent
+	// Namespace, when set, is the only namespace the manager serves (its --namespace): its cache
+	// holds no other namespace's ConfigMaps or quotas, so every other namespace is left alone.
+	Namespace string
 }
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
@@ -74,6 +77,9 @@ type TrustReconciler struct {
 
 // Reconcile implements reconcile.Reconciler; the request names a namespace.
 func (r *TrustReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if r.Namespace != "" && req.Name != r.Namespace {
+		return reconcile.Result{}, nil
+	}
 	var ns corev1.Namespace
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: req.Name}, &ns); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
@@ -172,6 +178,9 @@ func (r *TrustReconciler) SetupWithManager(mgr manager.Manager) error {
 				}
 				reqs := make([]reconcile.Request, 0, len(list.Items))
 				for _, ns := range list.Items {
+					if r.Namespace != "" && ns.Name != r.Namespace {
+						continue
+					}
 					reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: ns.Name}})
 				}
 				return reqs

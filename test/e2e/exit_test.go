@@ -47,7 +47,9 @@ func TestManagerExitsWhenFenced(t *testing.T) {
 	s := scenario(t, harness.ScenarioConfig{NoLoad: true, NoMonitor: true})
 	ctx := t.Context()
 	mustConverge(t, ctx, s)
-	second, err := harness.NewManager(s.Env.Bin, s.Env.CP, filepath.Join(s.Dir, "second"), s.Manager.Opts)
+	opts := s.Manager.Opts
+	opts.NoWebhook = true // the first one serves the control plane's webhook address
+	second, err := harness.NewManager(s.Env.Bin, s.Env.CP, filepath.Join(s.Dir, "second"), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

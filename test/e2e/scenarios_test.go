@@ -500,7 +500,7 @@ func TestQuotaDeletedAndCreatedAgain(t *testing.T) {
 	if !s.Manager.Running() {
 		t.Fatalf("the manager exited: %v", s.Manager.ExitErr())
 	}
-	if b, err := os.ReadFile(s.Manager.LogPath); err == nil && strings.Contains(string(b), "fenced") {
+	if b, err := os.ReadFile(s.Manager.LogPath); err == nil && strings.Contains(string(b), `"msg":"fenced`) {
 		t.Errorf("the manager logged a fencing: see %s", s.Manager.LogPath)
 	}
 	finish(t, s, start)

@@ -19,6 +19,9 @@ type ManagerOptions struct {
 	// LeaseTTL, RenewEvery and PushTimeout set the push engine's timings; zero leaves the
 	// manager's default.
 	LeaseTTL, RenewEvery, PushTimeout time.Duration
+	// NoWebhook runs it without the injection webhook: a second manager beside the first (the
+	// webhook's address is the control plane's one, served by the first).
+	NoWebhook bool
 	// ExtraArgs are passed as they are.
 	ExtraArgs []string
 	// Env is added to the environment (KUBECONFIG is set by the harness).
@@ -63,7 +66,7 @@ func NewManager(bin *Binaries, cp *ControlPlane, dir string, o ManagerOptions) (
 		want("push-timeout", o.PushTimeout.String())
 	}
 	switch {
-	case cp.Webhook != nil && bin.ManagerHas("webhook-port"):
+	case cp.Webhook != nil && !o.NoWebhook && bin.ManagerHas("webhook-port"):
 		// The manager serves the injection webhook where envtest told the API server to call it,
 		// with envtest's certificate (the cert-manager mode: no rotation of its own).
 		args = append(args,
