@@ -26,6 +26,7 @@ export GOTOOLCHAIN
 FUZZ_DECODE ?= 150000x
 FUZZ_REQUEST_HEAD ?= 250000x
 FUZZ_RESPONSE_HEAD ?= 250000x
+FUZZ_SERVER_DIFFERENTIAL ?= 60000x
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
 
@@ -82,6 +83,7 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 	go test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZ_DECODE) ./internal/assignment/
 	go test -run='^$$' -fuzz='^FuzzRequestHead$$' -fuzztime=$(FUZZ_REQUEST_HEAD) ./internal/agent/proxy/
 	go test -run='^$$' -fuzz='^FuzzResponseHead$$' -fuzztime=$(FUZZ_RESPONSE_HEAD) ./internal/agent/proxy/
+	go test -run='^$$' -fuzz='^FuzzServerDifferential$$' -fuzztime=$(FUZZ_SERVER_DIFFERENTIAL) ./internal/agent/proxy/
 
 .PHONY: test-e2e
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).

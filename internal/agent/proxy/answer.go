@@ -27,9 +27,10 @@ const (
 	// counted against the downstream.
 	CodeBadRequest = "APPORTION_BAD_REQUEST" // 400
 	// Server's other refusals of a request head.
-	CodeHeaderTooLarge          = "APPORTION_HEADER_TOO_LARGE"           // 431
-	CodeExpectationFailed       = "APPORTION_EXPECTATION_FAILED"         // 417
-	CodeHTTPVersionNotSupported = "APPORTION_HTTP_VERSION_NOT_SUPPORTED" // 505
+	CodeHeaderTooLarge                 = "APPORTION_HEADER_TOO_LARGE"                  // 431
+	CodeExpectationFailed              = "APPORTION_EXPECTATION_FAILED"                // 417
+	CodeHTTPVersionNotSupported        = "APPORTION_HTTP_VERSION_NOT_SUPPORTED"        // 505
+	CodeTransferEncodingNotImplemented = "APPORTION_TRANSFER_ENCODING_NOT_IMPLEMENTED" // 501
 	// The app did not send its request body within the downstream's requestTimeout.
 	CodeRequestTimeout = "APPORTION_REQUEST_TIMEOUT" // 408
 	// CONNECT: the agent is not a forward proxy.

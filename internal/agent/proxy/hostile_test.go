@@ -17,24 +17,20 @@ import (
 
 // Regression tests for the defects a hostile-input probe of the data plane found (issue 11).
 
-// byteLog is a raw upstream that records every byte it receives, per connection, and answers
-// each request it can parse with 200 and the request's target as the body.
+// byteLog is a raw upstream that records every byte it receives, on all its connections in the
+// order they arrive (the tests' calls are sequential), and answers each request it can parse
+// with 200 and the request's target as the body.
 type byteLog struct {
 	*rawUpstream
-	mu    sync.Mutex
-	bytes []string // per connection, in accept order
+	mu  sync.Mutex
+	log strings.Builder
 }
 
 func newByteLog(t *testing.T) *byteLog {
 	t.Helper()
 	l := &byteLog{}
 	l.rawUpstream = newRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
-		l.mu.Lock()
-		i := len(l.bytes)
-		l.bytes = append(l.bytes, "")
-		l.mu.Unlock()
-		rec := &recorder{r: br, l: l, i: i}
-		rbr := bufio.NewReader(rec)
+		rbr := bufio.NewReader(&recorder{r: br, l: l})
 		for {
 			req, err := http.ReadRequest(rbr)
 			if err != nil {
@@ -52,22 +48,28 @@ func newByteLog(t *testing.T) *byteLog {
 	return l
 }
 
+// all returns what the upstream received since the last reset.
 func (l *byteLog) all() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return strings.Join(l.bytes, "")
+	return l.log.String()
+}
+
+func (l *byteLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.log.Reset()
 }
 
 type recorder struct {
 	r io.Reader
 	l *byteLog
-	i int
 }
 
 func (r *recorder) Read(p []byte) (int, error) {
 	n, err := r.r.Read(p)
 	r.l.mu.Lock()
-	r.l.bytes[r.i] += string(p[:n])
+	r.l.log.Write(p[:n])
 	r.l.mu.Unlock()
 	return n, err
 }

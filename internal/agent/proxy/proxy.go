@@ -333,6 +333,8 @@ func (c *call) failApp(w http.ResponseWriter, upstreamErr error) bool {
 	c.appFault = true
 	c.err = upstreamErr
 	if c.appCtx.Err() == nil {
+		// The rest of the body cannot be told from a next request: the connection closes.
+		w.Header().Set("Connection", "close")
 		writeProblem(w, status, code, http.StatusText(status), detail, c.cfg.Name)
 	}
 	return true

@@ -435,14 +435,25 @@ func (c *srvConn) serve() {
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
 	}
+	lastPOST, peekNext := false, 1
 	for {
 		// Wait for the next request (IdleTimeout), then read its header (ReadHeaderTimeout):
 		// both enforced by the sweeper.
 		c.lr.remain = math.MaxInt64
-		if _, err := c.br.Peek(1); err != nil {
+		// The first request is read as soon as a byte comes; a later one, as net/http's server
+		// does, once 4 bytes came: a shorter rest before the app closes is not a request, and
+		// the connection closes without an answer.
+		if _, err := c.br.Peek(peekNext); err != nil {
 			return
 		}
+		peekNext = 4
 		c.enter(phaseHeader)
+		if lastPOST {
+			// As net/http's server (RFC 7230 §3 tolerance for old clients that end a POST body
+			// with an extra CRLF): up to 4 CR or LF before the next request line are skipped.
+			peek, _ := c.br.Peek(4)
+			_, _ = c.br.Discard(leadingCRorLF(peek))
+		}
 		// The bufio.Reader may read ahead of the header: allow for its buffer, as http.Server.
 		c.lr.remain = maxHeader + int64(c.br.Size()) - int64(c.br.Buffered())
 		// A head whole in the buffer and in the common subset is read without net/http (see
@@ -464,13 +475,16 @@ func (c *srvConn) serve() {
 		}
 		c.lr.remain = math.MaxInt64
 		c.phase.Store(phaseActive)
+		lastPOST = req.Method == http.MethodPost
 		if code, msg := checkRequest(req, facts); code != 0 {
 			c.reject(code, msg)
 			return
 		}
 		req.RemoteAddr = c.remote
 		if !fast {
-			req = req.WithContext(c.reqCtx)
+			// In place, not a copy: the body http.ReadRequest made writes the trailers it
+			// reads into this Request (a copy would see only declared ones).
+			*req = *req.WithContext(c.reqCtx)
 		}
 		var body *requestBody
 		if req.Body != nil && req.Body != http.NoBody {
@@ -513,6 +527,17 @@ func (c *srvConn) serve() {
 	}
 }
 
+func leadingCRorLF(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c != '\r' && c != '\n' {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // close ends the connection. gently: half-close, let the app read the answer and close its side
 // (reading what it still sends, for at most 500 ms), so that unread request bytes do not turn
 // into a reset that could destroy the answer before the app read it. recycle: the buffers go
@@ -551,6 +576,9 @@ func checkRequest(req *http.Request, f headFacts) (int, string) {
 		return http.StatusBadRequest, "missing required Host header"
 	}
 	if !f.checked {
+		if f.host && req.URL.Host == "" {
+			f.hostValue = req.Host // the field's value as textproto read it
+		}
 		if f.host && !httpguts.ValidHostHeader(f.hostValue) {
 			return http.StatusBadRequest, "malformed Host header"
 		}
@@ -565,10 +593,17 @@ func checkRequest(req *http.Request, f headFacts) (int, string) {
 			}
 		}
 	}
-	if e, ok := req.Header["Expect"]; ok && !expectsContinue(req) && (len(e) != 1 || e[0] != "") {
+	if e := firstValue(req.Header["Expect"]); e != "" && !hasToken(e, "100-continue") {
 		return http.StatusExpectationFailed, "unsupported Expect"
 	}
 	return 0, ""
+}
+
+func firstValue(vv []string) string {
+	if len(vv) == 0 {
+		return ""
+	}
+	return vv[0]
 }
 
 // headFacts are what http.ReadRequest does not tell about a head: whether it had a Host field
@@ -588,6 +623,7 @@ type headFacts struct {
 // refused by checkRequest.
 func scanHeadFacts(head []byte) headFacts {
 	var f headFacts
+	inHost := false // the last field line was Host's
 	nl := bytes.IndexByte(head, '\n')
 	for nl >= 0 {
 		line := head[nl+1:]
@@ -599,33 +635,93 @@ func scanHeadFacts(head []byte) headFacts {
 		if len(l) == 0 {
 			break // the blank line that ends the head
 		}
-		if name, value, ok := bytes.Cut(l, []byte(":")); ok {
+		if l[0] == ' ' || l[0] == '\t' {
+			// obs-fold: textproto joins the line to the field before with a space.
+			if inHost {
+				f.hostValue = strings.TrimRight(f.hostValue, " \t") + " " + string(bytes.Trim(l, " \t"))
+			}
+		} else if name, value, ok := bytes.Cut(l, []byte(":")); ok {
+			inHost = bytes.EqualFold(name, []byte("Host"))
 			switch {
-			case bytes.EqualFold(name, []byte("Host")):
+			case inHost:
 				f.host = true
 				f.hostValue = string(bytes.Trim(value, " \t"))
 			case bytes.EqualFold(name, []byte("Content-Length")):
 				f.contentLength = true
 			}
+		} else {
+			inHost = false
 		}
 		nl += 1 + end
 	}
+	f.hostValue = strings.Trim(f.hostValue, " \t")
 	return f
 }
 
+// expectsContinue reports whether the app waits for 100 Continue before it sends the body: as
+// net/http's server decides, from the first Expect value only, for HTTP/1.1 with a body.
 func expectsContinue(req *http.Request) bool {
-	return req.ProtoAtLeast(1, 1) && httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue")
+	return req.ProtoAtLeast(1, 1) && req.ContentLength != 0 && hasToken(firstValue(req.Header["Expect"]), "100-continue")
+}
+
+// hasToken is net/http's own token match for Expect (server.go's hasToken): token, in ASCII
+// case-insensitively, bounded by the value's ends, spaces, tabs or commas. httpguts'
+// HeaderValuesContainsToken splits on commas only ("100-continue x" is no match there), and the
+// verdict on a request must be net/http's server's (see the differential test).
+func hasToken(v, token string) bool {
+	if len(token) > len(v) || token == "" {
+		return false
+	}
+	boundary := func(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
+	for sp := 0; sp <= len(v)-len(token); sp++ {
+		if sp > 0 && !boundary(v[sp-1]) {
+			continue
+		}
+		if end := sp + len(token); end != len(v) && !boundary(v[end]) {
+			continue
+		}
+		if asciiEqualFold(v[sp:sp+len(token)], token) {
+			return true
+		}
+	}
+	return false
+}
+
+// asciiEqualFold is strings.EqualFold in ASCII only (net/http's internal/ascii.EqualFold):
+// unlike strings.EqualFold it does not take "K" (U+212A) for "k".
+func asciiEqualFold(s, t string) bool {
+	if len(s) != len(t) {
+		return false
+	}
+	lower := func(b byte) byte {
+		if 'A' <= b && b <= 'Z' {
+			return b + 'a' - 'A'
+		}
+		return b
+	}
+	for i := 0; i < len(s); i++ {
+		if lower(s[i]) != lower(t[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *srvConn) badRequest(err error) {
 	var ne net.Error
 	switch {
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed):
+	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
 		return // the app closed the connection
+	case errors.As(err, new(*net.OpError)):
+		return // a reset and the like: nobody to answer
 	case errors.As(err, &ne) && ne.Timeout():
 		return // idle or slow header: just close, as http.Server
 	case errors.Is(err, errHeaderTooLarge):
 		c.reject(http.StatusRequestHeaderFieldsTooLarge, "request header too large")
+	case strings.Contains(err.Error(), "transfer encoding"):
+		// net/http's unsupportedTEError ("unsupported transfer encoding", "too many transfer
+		// encodings"), which its server answers 501 (RFC 9112 §6.1); it has no exported type.
+		c.reject(http.StatusNotImplemented, "unsupported transfer encoding")
 	default:
 		c.reject(http.StatusBadRequest, "malformed request")
 	}
@@ -643,6 +739,8 @@ func (c *srvConn) reject(code int, msg string) {
 		pcode = CodeExpectationFailed
 	case http.StatusHTTPVersionNotSupported:
 		pcode = CodeHTTPVersionNotSupported
+	case http.StatusNotImplemented:
+		pcode = CodeTransferEncodingNotImplemented
 	}
 	b := problemJSON(code, pcode, http.StatusText(code), msg, "")
 	_, _ = c.bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + http.StatusText(code) +
@@ -728,7 +826,20 @@ func (w *response) reset(c *srvConn, req *http.Request) {
 		clear(h)
 	}
 	*w = response{c: c, req: req, header: h, length: -1}
-	w.keepAlive = !req.Close && !c.s.closing.Load()
+	w.keepAlive = !c.s.closing.Load() && keepsAlive(req)
+}
+
+// keepsAlive reports whether the app's request lets the connection stay open after the
+// answer, as net/http's server decides (its wantsClose and wantsHttp10KeepAlive), which looks at
+// the first Connection value with its own token match: HTTP/1.1 unless it says close (or
+// http.ReadRequest found it must close), HTTP/1.0 only when it says keep-alive. (The answer may
+// close it still: a body of unknown length to HTTP/1.0, see WriteHeader.)
+func keepsAlive(req *http.Request) bool {
+	conn := firstValue(req.Header["Connection"])
+	if req.ProtoAtLeast(1, 1) {
+		return !req.Close && !hasToken(conn, "close")
+	}
+	return hasToken(conn, "keep-alive")
 }
 
 func (w *response) Header() http.Header { return w.header }
