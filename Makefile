@@ -93,6 +93,13 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning).
 	go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/
 
+.PHONY: bench-proxy
+bench-proxy: ## The agent beside HAProxy and nginx (installed from the distribution's packages): added latency, CPU, closed-loop rate.
+	hack/install-proxies.sh
+	go build -o $(LOCALBIN)/agent ./cmd/agent
+	go build -o $(LOCALBIN)/benchproxy ./hack/benchproxy
+	taskset -c 0 $(LOCALBIN)/benchproxy -agent $(LOCALBIN)/agent $(BENCH_PROXY_FLAGS)
+
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=Convergence -benchtime=1x -timeout=20m ./test/e2e/
