@@ -29,7 +29,12 @@
 //     sent once).
 //     - No response: 504 problem+json (code APPORTION_UPSTREAM_TIMEOUT) when RequestTimeout
 //     passed, 502 (code APPORTION_UPSTREAM_UNAVAILABLE) for any other error (refused, reset,
-//     closed).
+//     closed), 502 (APPORTION_UPSTREAM_BAD_RESPONSE) for an answer that is not HTTP/1.1 (a
+//     head over maxResponseHeaderBytes, malformed, a 101 nobody asked for).
+//     - The app's fault: a malformed or cut request body is 400 (APPORTION_BAD_REQUEST), one
+//     still incomplete at RequestTimeout 408 (APPORTION_REQUEST_TIMEOUT); the connection
+//     closes and the breaker does not count the call. Reading the app's body and writing its
+//     answer are bounded by the call's deadline (see call.appDeadlines).
 //     - The upstream fails after its header was passed on: the answer to the app is cut
 //     (the connection is aborted), the only honest signal left.
 //  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
