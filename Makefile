@@ -29,6 +29,10 @@ FUZZ_RESPONSE_HEAD ?= 250000x
 FUZZ_SERVER_DIFFERENTIAL ?= 60000x
 # Benchmarks: figures, not pass/fail.
 BENCHTIME ?= 1s
+# bench-proxy runs its processes (load generator, upstream, each proxy) at this niceness, so
+# that on a shared machine they are not queued behind other work (a negative one needs root;
+# without it nice warns and runs them at the normal priority).
+BENCH_PROXY_NICE ?= -10
 
 .PHONY: all
 all: build
@@ -98,7 +102,7 @@ bench-proxy: ## The agent beside HAProxy and nginx (installed from the distribut
 	hack/install-proxies.sh
 	go build -o $(LOCALBIN)/agent ./cmd/agent
 	go build -o $(LOCALBIN)/benchproxy ./hack/benchproxy
-	taskset -c 0 $(LOCALBIN)/benchproxy -agent $(LOCALBIN)/agent $(BENCH_PROXY_FLAGS)
+	nice -n $(BENCH_PROXY_NICE) taskset -c 0 $(LOCALBIN)/benchproxy -agent $(LOCALBIN)/agent $(BENCH_PROXY_FLAGS)
 
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.

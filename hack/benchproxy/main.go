@@ -39,6 +39,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -87,6 +88,7 @@ func run() error {
 	upAddr := freeAddr()
 	up := exec.Command("taskset", "-c", o.loadCPU, self, "upstream", upAddr)
 	up.Stderr = os.Stderr
+	up.SysProcAttr = orphanKill()
 	if err := up.Start(); err != nil {
 		return err
 	}
@@ -226,6 +228,7 @@ func measure(t target, o options, upAddr string) (result, error) {
 		}
 		var stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+		cmd.SysProcAttr = orphanKill()
 		if err := cmd.Start(); err != nil {
 			return result{}, err
 		}
@@ -259,6 +262,10 @@ func measure(t target, o options, upAddr string) (result, error) {
 	r.errors = errs + cerrs
 	return r, nil
 }
+
+// orphanKill makes the kernel kill a child when this process ends, however it ends (an
+// interrupted run leaves no proxy or upstream behind).
+func orphanKill() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
