@@ -387,3 +387,34 @@ func TestContentLengthAndTransferEncodingCloses(t *testing.T) {
 		t.Fatalf("upstream received:\n%q", got)
 	}
 }
+
+// Defect 2, an early answer: the upstream answers (chunked, of unknown length) without reading
+// the app's body, which stalls. The app's read is ended once the answer is passed on; the app
+// gets the whole answer, its last chunk included, and the permit is free.
+func TestEarlyAnswerToAStalledBody(t *testing.T) {
+	up := newRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nearly\r\n0\r\n\r\n")
+		_, _ = io.Copy(io.Discard, br) // until the agent closes
+	})
+	a := newAgent(t, nil)
+	d := downstream("early", up.URL, 1)
+	d.RequestTimeout = assignment.Duration(5 * time.Second)
+	a.apply(t, nil, d)
+	c, br := rawConn(t, a)
+	// Chunked: each chunk goes upstream as it comes (a Content-Length body goes with its head
+	// once whole), so the upstream sees the request and answers while the body stalls.
+	io.WriteString(c, "POST /early/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || string(b) != "early" || err != nil {
+		t.Fatalf("answer %d %q %v, want 200 \"early\" whole", res.StatusCode, b, err)
+	}
+	waitFor(t, func() bool { return a.enf.State().Downstreams[0].InFlight == 0 })
+}

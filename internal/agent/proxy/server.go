@@ -506,12 +506,14 @@ func (c *srvConn) serve() {
 		}
 		c.readBy.Store(0)
 		c.writeBy.Store(0)
+		err := w.finish()
 		if c.cut.Load() {
-			// A deadline cut the connection's reads or writes: it is not used again.
+			// A deadline cut the connection's reads or writes: the answer is ended (if it can
+			// still be written), and the connection is not used again.
 			recycle = false
 			return
 		}
-		if err := w.finish(); err != nil {
+		if err != nil {
 			return
 		}
 		if body != nil && !body.eof.Load() {
