@@ -191,7 +191,8 @@ http {
   access_log off;
   client_body_temp_path ` + t + `; proxy_temp_path ` + t + `; fastcgi_temp_path ` + t + `;
   uwsgi_temp_path ` + t + `; scgi_temp_path ` + t + `;
-  upstream up { server ` + upAddr + `; keepalive 256; }
+  upstream up { server ` + upAddr + `; keepalive 256; keepalive_requests 100000000; }
+  keepalive_requests 100000000;
   server {
     listen ` + addr + `;
     location / {
