@@ -215,27 +215,26 @@ type deadliner interface {
 }
 
 // appDeadlines sets the call's deadline on reading the app's request body and writing its
-// answer, and wraps the body to learn how its reading ended; it returns what removes the
+// answer, and wraps the body to learn how its reading ended; clearDeadlines removes the
 // deadlines. Not for protocol upgrades: the connection becomes a tunnel that outlives the call's
 // deadline by design.
-func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) (undo func()) {
+func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		c.ab.rc = r.Body
 		r.Body = &c.ab
 	}
 	dl, ok := w.(deadliner)
 	if !ok {
-		return func() {}
+		return
 	}
 	if _, upgrade := r.Header["Upgrade"]; upgrade {
-		return func() {}
+		return
 	}
 	c.dl = dl
 	if c.ab.rc != nil {
 		_ = dl.SetReadDeadline(c.deadline)
 	}
 	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
-	return c.clearDeadlines
 }
 
 // answerWriteGrace is how long after the call's deadline the answer may still be written: the
@@ -243,6 +242,9 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) (undo func()
 const answerWriteGrace = time.Second
 
 func (c *call) clearDeadlines() {
+	if c.dl == nil {
+		return
+	}
 	if c.ab.rc != nil {
 		_ = c.dl.SetReadDeadline(time.Time{})
 	}
@@ -489,9 +491,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The app's side is bounded by the call's deadline too: reading its request body and
 	// writing the answer hold the permit, and an app that stops sending or reading must not
 	// hold it past requestTimeout (see appDeadlines).
-	undo := c.appDeadlines(w, r)
+	c.appDeadlines(w, r)
 	defer func() {
-		undo()
+		c.clearDeadlines()
 		ds.Sem.Release()
 		c.finish(tk)
 	}()
