@@ -17,7 +17,7 @@
 // Usage (needs haproxy and nginx on PATH: hack/install-proxies.sh):
 //
 //	benchproxy -agent bin/agent [-agent-before /tmp/agent-old] [-rounds 3] [-rate 2000]
-//	           [-open 4s] [-closed 4s] [-conns 64] [-proxy-cpu 1] [-load-cpu 0]
+//	           [-open 4s] [-closed 4s] [-conns 64] [-proxy-cpu 1] [-load-cpu 0] [-only agent,haproxy]
 //
 // It prints figures; it never fails on them.
 package main
@@ -61,6 +61,7 @@ type options struct {
 	open, closed       time.Duration
 	conns              int
 	proxyCPU, loadCPU  string
+	only               string
 }
 
 func run() error {
@@ -74,6 +75,7 @@ func run() error {
 	flag.IntVar(&o.conns, "conns", 64, "closed-loop connections")
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
+	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx)")
 	flag.Parse()
 
 	dir, err := os.MkdirTemp("", "benchproxy")
@@ -102,6 +104,10 @@ func run() error {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, upAddr, dir))
 	}
 	targets = append(targets, haproxyTarget(upAddr, dir), nginxTarget(upAddr, dir))
+	if o.only != "" {
+		keep := strings.Split(o.only, ",")
+		targets = slices.DeleteFunc(targets, func(t target) bool { return t.name != "direct" && !slices.Contains(keep, t.name) })
+	}
 	fmt.Printf("benchproxy: %d rounds; open loop %d calls/s for %v, closed loop %d connections for %v; proxies on CPU %s, upstream and load on CPU %s; %d CPUs, load average %s\n",
 		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU, runtime.NumCPU(), loadAvg())
 	res := map[string][]result{}
@@ -298,8 +304,11 @@ func report(res map[string][]result, targets []target) {
 		if !ok {
 			continue
 		}
-		for _, other := range []string{"haproxy", "nginx"} {
-			b := sums[other]
+		for _, other := range []string{"agent-before", "haproxy", "nginx"} {
+			b, ok := sums[other]
+			if !ok || other == agent {
+				continue
+			}
 			fmt.Printf("%s / %s: CPU %s×, added p50 %s×, closed-loop rate %s× (median of per-round ratios, range)\n",
 				agent, other, ratios(a.cpu, b.cpu), ratios(a.addP50, b.addP50), ratios(a.rate, b.rate))
 		}
