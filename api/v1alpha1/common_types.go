@@ -17,9 +17,11 @@ const (
 )
 
 // StaticResponse is a canned answer.
+// +kubebuilder:validation:XValidation:rule="!has(self.body) || size(self.body) == 0 || !has(self.status) || (self.status != 204 && self.status != 304)",message="a static answer with status 204 or 304 has no body"
 type StaticResponse struct {
-	// status is the HTTP status code of the canned answer.
-	// +kubebuilder:validation:Minimum=100
+	// status is the HTTP status code of the canned answer: a final status, 200 to 599 (an
+	// interim 1xx answer cannot end a call).
+	// +kubebuilder:validation:Minimum=200
 	// +kubebuilder:validation:Maximum=599
 	// +kubebuilder:default=200
 	// +optional

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -141,7 +142,21 @@ func TestDecodeErrors(t *testing.T) {
 		{name: "static missing", body: mutate(t, func(m map[string]any) { ds(m, 1)["fallback"] = map[string]any{"action": "Static"} }), want: []string{"downstreams[1].fallback.static: is required when action is Static"}},
 		{name: "static status", body: mutate(t, func(m map[string]any) {
 			ds(m, 1)["fallback"].(map[string]any)["static"].(map[string]any)["status"] = 600
-		}), want: []string{"downstreams[1].fallback.static.status: must be between 100 and 599"}},
+		}), want: []string{"downstreams[1].fallback.static.status: must be between 200 and 599"}},
+		{name: "static status informational", body: mutate(t, func(m map[string]any) {
+			ds(m, 1)["fallback"].(map[string]any)["static"].(map[string]any)["status"] = 101
+		}), want: []string{"downstreams[1].fallback.static.status: must be between 200 and 599"}},
+		{name: "static 204 with a body", body: mutate(t, func(m map[string]any) {
+			st := ds(m, 1)["fallback"].(map[string]any)["static"].(map[string]any)
+			st["status"], st["body"] = 204, "x"
+		}), want: []string{"downstreams[1].fallback.static.body: must be empty with status 204 or 304"}},
+		{name: "static 304 with a body", body: mutate(t, func(m map[string]any) {
+			st := ds(m, 1)["fallback"].(map[string]any)["static"].(map[string]any)
+			st["status"], st["body"] = 304, "x"
+		}), want: []string{"downstreams[1].fallback.static.body: must be empty with status 204 or 304"}},
+		{name: "epoch and generation bounded", body: mutate(t, func(m map[string]any) {
+			m["epoch"], m["generation"] = int64(math.MaxInt64), int64(math.MaxInt64)
+		}), want: []string{"epoch: must be between 1 and 9007199254740991", "generation: must be between 1 and 9007199254740991"}},
 		{name: "static header name", body: mutate(t, func(m map[string]any) {
 			ds(m, 1)["fallback"].(map[string]any)["static"].(map[string]any)["headers"] = map[string]any{"Bad Header": "x"}
 		}), want: []string{`downstreams[1].fallback.static.headers["Bad Header"]: is not a valid header name`}},

@@ -39,6 +39,12 @@ const (
 	MaxHeaderValueLength    = 4096
 	MaxSwitchNameLength     = 317 // "<namespace (63)>/<name (253)>"
 	MaxDownstreamNameLength = 63
+	// MaxFence bounds Epoch and Generation: an agent refuses every push below the pair it
+	// holds, so one accepted near MaxInt64 would leave no room to count up and fence it out
+	// of all later pushes until it restarted. 2^53-1, the largest integer a JSON number holds
+	// exactly, is more than a manager counting a generation a millisecond reaches in 285,000
+	// years.
+	MaxFence = 1<<53 - 1
 )
 
 // Fallback actions and rate modes as they travel.
@@ -72,6 +78,12 @@ func (a *Assignment) validate(bootstrap bool) error {
 		if a.Generation < 0 {
 			v.add("generation", "must be 0 or omitted in a bootstrap file")
 		}
+		if a.Epoch > MaxFence {
+			v.intRange("epoch", a.Epoch, 0, MaxFence)
+		}
+		if a.Generation > MaxFence {
+			v.intRange("generation", a.Generation, 0, MaxFence)
+		}
 		if a.LeaseTTL != 0 {
 			v.durRange("leaseTTL", a.LeaseTTL.D(), MinLeaseTTL, MaxLeaseTTL)
 		}
@@ -81,6 +93,12 @@ func (a *Assignment) validate(bootstrap bool) error {
 		}
 		if a.Generation < 1 {
 			v.add("generation", "must be at least 1")
+		}
+		if a.Epoch > MaxFence {
+			v.intRange("epoch", a.Epoch, 1, MaxFence)
+		}
+		if a.Generation > MaxFence {
+			v.intRange("generation", a.Generation, 1, MaxFence)
 		}
 		v.durRange("leaseTTL", a.LeaseTTL.D(), MinLeaseTTL, MaxLeaseTTL)
 	}
@@ -262,7 +280,12 @@ func (v *validator) fallback(p string, f *Fallback) {
 	v.methods(p+".allowedMethods", f.AllowedMethods)
 	if s := f.Static; s != nil {
 		sp := p + ".static"
-		v.intRange(sp+".status", int64(s.Status), 100, 599)
+		// A final status: 1xx (and 101) are interim answers that a fallback cannot end a call
+		// with, and 204 and 304 have no body (RFC 9110 §8.6, §15.3.5, §15.4.5).
+		v.intRange(sp+".status", int64(s.Status), 200, 599)
+		if (s.Status == 204 || s.Status == 304) && s.Body != "" {
+			v.add(sp+".body", "must be empty with status 204 or 304")
+		}
 		if len(s.Headers) > MaxStaticHeaders {
 			v.add(sp+".headers", fmt.Sprintf("must have at most %d entries", MaxStaticHeaders))
 		}

@@ -338,6 +338,13 @@ var _ = Describe("DegradeRule admission", func() {
 			"spec.scope.keyHeader", "should match"),
 		Entry("Static without static", func(s map[string]any) { delete(s["action"].(map[string]any), "static") },
 			"spec.action", "static is required when action is Static"),
+		Entry("Static with an interim status", func(s map[string]any) {
+			s["action"].(map[string]any)["static"].(map[string]any)["status"] = int64(101)
+		}, "spec.action.static.status", "should be greater than or equal to 200"),
+		Entry("Static 204 with a body", func(s map[string]any) {
+			st := s["action"].(map[string]any)["static"].(map[string]any)
+			st["status"], st["body"] = int64(204), "x"
+		}, "spec.action.static", "a static answer with status 204 or 304 has no body"),
 		Entry("unknown action", func(s map[string]any) { s["action"].(map[string]any)["action"] = "Retry" },
 			"spec.action.action", "Unsupported value"),
 		Entry("missing downstream", func(s map[string]any) { delete(s, "downstream") }, "spec.downstream", "Required value"),

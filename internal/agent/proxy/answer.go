@@ -20,6 +20,21 @@ const (
 	CodeUpstreamUnavailable = "APPORTION_UPSTREAM_UNAVAILABLE" // 502
 	CodeNotConfigured       = "APPORTION_NOT_CONFIGURED"       // 503: no assignment yet
 	CodeStalled             = "APPORTION_STALLED"              // 503: the agent stalled after admitting the call
+	// The upstream's answer could not be read as HTTP (a head over maxResponseHeaderBytes, a
+	// malformed head, a protocol switch nobody asked for).
+	CodeUpstreamBadResponse = "APPORTION_UPSTREAM_BAD_RESPONSE" // 502
+	// The app's own request was malformed: its head (answered by Server) or its body. Never
+	// counted against the downstream.
+	CodeBadRequest = "APPORTION_BAD_REQUEST" // 400
+	// Server's other refusals of a request head.
+	CodeHeaderTooLarge                 = "APPORTION_HEADER_TOO_LARGE"                  // 431
+	CodeExpectationFailed              = "APPORTION_EXPECTATION_FAILED"                // 417
+	CodeHTTPVersionNotSupported        = "APPORTION_HTTP_VERSION_NOT_SUPPORTED"        // 505
+	CodeTransferEncodingNotImplemented = "APPORTION_TRANSFER_ENCODING_NOT_IMPLEMENTED" // 501
+	// The app did not send its request body within the downstream's requestTimeout.
+	CodeRequestTimeout = "APPORTION_REQUEST_TIMEOUT" // 408
+	// CONNECT: the agent is not a forward proxy.
+	CodeMethodNotAllowed = "APPORTION_METHOD_NOT_ALLOWED" // 405
 )
 
 // answerFallback answers a call that is not forwarded, with fc (the downstream's fallback or a
@@ -66,11 +81,16 @@ func writeRefusal(w http.ResponseWriter, status int, code, title, detail, downst
 	writeProblem(w, status, code, title, detail, downstream)
 }
 
-func writeProblem(w http.ResponseWriter, status int, code, title, detail, downstream string) {
+func problemJSON(status int, code, title, detail, downstream string) []byte {
 	b, _ := json.Marshal(problem{
 		Type: fallback.ProblemTypePrefix + codeSlug(code), Title: title, Status: status,
 		Detail: detail, Code: code, Downstream: downstream,
 	})
+	return b
+}
+
+func writeProblem(w http.ResponseWriter, status int, code, title, detail, downstream string) {
+	b := problemJSON(status, code, title, detail, downstream)
 	hd := w.Header()
 	hd.Set("Content-Type", "application/problem+json")
 	hd.Set("Cache-Control", "no-store")

@@ -190,8 +190,8 @@ func readRequestHead(br *bufio.Reader, ctx context.Context) (req *http.Request, 
 	}
 	length, closing, ok := framing(h)
 	hosts := h["Host"]
-	if !ok || len(hosts) > 1 {
-		return nil, false
+	if !ok || len(hosts) > 1 || len(hosts) == 1 && (hosts[0] == "" || !httpguts.ValidHostHeader(hosts[0])) {
+		return nil, false // an empty Host is valid but must stay apart from none (see checkRequest)
 	}
 	r := http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h,
 		Body: http.NoBody, RequestURI: target, Close: closing, ContentLength: max(length, 0)}

@@ -240,12 +240,12 @@ func TestReadResponse(t *testing.T) {
 		wantStatus  int
 	}{
 		{in: "", wantErr: io.ErrUnexpectedEOF.Error()},
-		{in: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", wantErr: "the upstream switched protocols unasked"},
+		{in: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", wantErr: "bad response from the upstream: the upstream switched protocols unasked"},
 		{in: "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", wantStatus: 200},
 		{in: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", wantStatus: 200},
-		{in: "garbage\r\n\r\n", wantErr: `malformed HTTP response "garbage"`},
+		{in: "garbage\r\n\r\n", wantErr: "bad response from the upstream: malformed head"},
 	} {
-		res, err := readResponse(bufio.NewReader(strings.NewReader(tc.in)), &http.Request{Method: http.MethodGet})
+		res, err := readResponse(bufio.NewReader(strings.NewReader(tc.in)), nil, &http.Request{Method: http.MethodGet})
 		gotErr, gotStatus := "", 0
 		if err != nil {
 			gotErr = err.Error()

@@ -48,6 +48,11 @@ func TestSuiteUnderNetHTTP(t *testing.T) {
 		{"LeanPoolReuse", TestLeanPoolReuse},
 		{"Trailers", TestTrailers},
 		{"AppLeavesWhileWaitingForAPermit", TestAppLeavesWhileWaitingForAPermit},
+		{"AppNotReadingTheAnswerReleasesThePermit", TestAppNotReadingTheAnswerReleasesThePermit},
+		{"UpstreamHeadTooLarge", TestUpstreamHeadTooLarge},
+		{"MalformedAppBodyIsTheAppsError", TestMalformedAppBodyIsTheAppsError},
+		{"ConnectRefused", TestConnectRefused},
+		{"ConnectionNamedForwardingHeadersDropped", TestConnectionNamedForwardingHeadersDropped},
 	} {
 		t.Run(tc.name, tc.f)
 	}

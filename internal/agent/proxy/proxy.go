@@ -29,7 +29,12 @@
 //     sent once).
 //     - No response: 504 problem+json (code APPORTION_UPSTREAM_TIMEOUT) when RequestTimeout
 //     passed, 502 (code APPORTION_UPSTREAM_UNAVAILABLE) for any other error (refused, reset,
-//     closed).
+//     closed), 502 (APPORTION_UPSTREAM_BAD_RESPONSE) for an answer that is not HTTP/1.1 (a
+//     head over maxResponseHeaderBytes, malformed, a 101 nobody asked for).
+//     - The app's fault: a malformed or cut request body is 400 (APPORTION_BAD_REQUEST), one
+//     still incomplete at RequestTimeout 408 (APPORTION_REQUEST_TIMEOUT); the connection
+//     closes and the breaker does not count the call. Reading the app's body and writing its
+//     answer are bounded by the call's deadline (see call.appDeadlines).
 //     - The upstream fails after its header was passed on: the answer to the app is cut
 //     (the connection is aborted), the only honest signal left.
 //  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
@@ -70,8 +75,13 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
@@ -115,15 +125,16 @@ func NewTransport() *http.Transport {
 			Timeout:   10 * time.Second,
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          0, // no global cap; per host below
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-		WriteBufferSize:       16 << 10,
-		ReadBufferSize:        16 << 10,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           0, // no global cap; per host below
+		MaxIdleConnsPerHost:    1024,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  time.Second,
+		DisableCompression:     true,
+		WriteBufferSize:        16 << 10,
+		ReadBufferSize:         16 << 10,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes, // as the lean client's
 	}
 }
 
@@ -186,6 +197,169 @@ type call struct {
 	bodyErr error // the upstream body failed
 	tee     *staleTee
 	key     string // stale cache key; "" when the response is not to be cached
+
+	// The app's request body as the upstream client reads it (see appBody); appFault: the call
+	// failed because of the app (its body malformed, cut or late), which the breaker does not
+	// count against the downstream.
+	ab       appBody
+	appFault bool
+	// dl sets the app connection's deadlines (nil: the server cannot).
+	dl deadliner
+}
+
+// deadliner is the part of http.ResponseController's interface to a ResponseWriter that sets
+// the connection's deadlines (net/http's server and Server both have it).
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
+// appDeadlines sets the call's deadline on reading the app's request body and writing its
+// answer, and wraps the body to learn how its reading ended; clearDeadlines removes the
+// deadlines. Not for protocol upgrades: the connection becomes a tunnel that outlives the call's
+// deadline by design.
+func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
+		c.ab.rc = r.Body
+		r.Body = &c.ab
+	}
+	dl, ok := w.(deadliner)
+	if !ok {
+		return
+	}
+	if _, upgrade := r.Header["Upgrade"]; upgrade {
+		return
+	}
+	c.dl = dl
+	if c.ab.rc != nil {
+		_ = dl.SetReadDeadline(c.deadline)
+	}
+	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
+}
+
+// answerWriteGrace is how long after the call's deadline the answer may still be written: the
+// upstream side ends at the deadline, and its 504 (or the app's 408) is written just then.
+const answerWriteGrace = time.Second
+
+func (c *call) clearDeadlines() {
+	if c.dl == nil {
+		return
+	}
+	if c.ab.rc != nil {
+		_ = c.dl.SetReadDeadline(time.Time{})
+	}
+	_ = c.dl.SetWriteDeadline(time.Time{})
+}
+
+// abortBodyRead ends a read of the app's request body in progress (the call is over: its
+// answer came or failed, and the app has not finished sending); the connection is then closed
+// after the answer, as for any body not read to its end.
+func (c *call) abortBodyRead() {
+	if c.dl != nil && c.ab.rc != nil && !c.ab.eof.Load() {
+		c.ab.cut.Store(true)
+		_ = c.dl.SetReadDeadline(past)
+	}
+}
+
+// appBody is the app's request body, read by the upstream client (the lean client's body
+// writer or http.Transport's): it notes how reading it ended, so that a failed call can be told
+// apart as the app's fault (a malformed or cut body, or one that stopped coming) rather than the
+// downstream's.
+type appBody struct {
+	rc  io.ReadCloser
+	eof atomic.Bool
+	// reading: a Read is in progress; err: the first error but io.EOF (under mu, with cut:
+	// errors after abortBodyRead are its doing, not the app's).
+	reading atomic.Bool
+	cut     atomic.Bool
+	mu      sync.Mutex
+	err     error
+}
+
+func (b *appBody) Read(p []byte) (int, error) {
+	b.reading.Store(true)
+	n, err := b.rc.Read(p)
+	b.reading.Store(false)
+	switch {
+	case err == io.EOF:
+		b.eof.Store(true)
+	case err != nil && !b.cut.Load():
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *appBody) Close() error { return b.rc.Close() }
+
+// appError is the app's share in a call that failed: a malformed or cut request body (400), or
+// a body still incomplete when the call ran out of time (408); ok false: none, the failure is
+// the downstream's. Call it once the body's reader has stopped.
+func (c *call) appError(upstreamErr error) (status int, code, detail string, ok bool) {
+	if c.ab.rc == nil {
+		return 0, "", "", false
+	}
+	c.ab.mu.Lock()
+	err := c.ab.err
+	c.ab.mu.Unlock()
+	if err != nil && !isTimeout(err) {
+		return http.StatusBadRequest, CodeBadRequest, "the request body is malformed or was cut: " + appBodyError(err), true
+	}
+	if !c.ab.eof.Load() && (err != nil || c.ab.cut.Load() || c.ab.reading.Load()) &&
+		(isTimeout(upstreamErr) || !time.Now().Before(c.deadline)) {
+		return http.StatusRequestTimeout, CodeRequestTimeout,
+			"the request body did not arrive within the downstream's requestTimeout of " + c.cfg.RequestTimeout.String(), true
+	}
+	return 0, "", "", false
+}
+
+// appBodyError describes a body read error without the connection's addresses.
+func appBodyError(err error) string {
+	var ne *net.OpError
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &ne):
+		return "the connection ended before the body did"
+	}
+	return err.Error() // net/http's body readers: "malformed chunked encoding", ...
+}
+
+func isTimeout(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// failApp answers a call that failed through the app's fault (see appError) and marks it so
+// that the breaker does not count it; false: the failure is not the app's.
+func (c *call) failApp(w http.ResponseWriter, upstreamErr error) bool {
+	status, code, detail, ok := c.appError(upstreamErr)
+	if !ok {
+		return false
+	}
+	c.appFault = true
+	c.err = upstreamErr
+	if c.appCtx.Err() == nil {
+		// The rest of the body cannot be told from a next request: the connection closes.
+		w.Header().Set("Connection", "close")
+		writeProblem(w, status, code, http.StatusText(status), detail, c.cfg.Name)
+	}
+	return true
+}
+
+// refuseMethod answers CONNECT with 405: the agent forwards calls to its downstreams and is no
+// forward proxy; a CONNECT forwarded upstream could turn a pooled connection into a tunnel that
+// another app's call would be written into.
+func refuseMethod(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodConnect {
+		return false
+	}
+	h := w.Header()
+	h.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE")
+	h.Set("Connection", "close")
+	writeProblem(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed",
+		"the agent forwards calls to its downstreams and does not tunnel: CONNECT is refused", "")
+	return true
 }
 
 // stallSlack is added to twice the acquire timeout before a call admitted that long ago counts
@@ -193,6 +367,9 @@ type call struct {
 const stallSlack = 500 * time.Millisecond
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if refuseMethod(w, r) {
+		return
+	}
 	name, rest := splitPath(r.URL.EscapedPath())
 	t := h.enf.Table()
 	ds := t.Lookup(name)
@@ -313,7 +490,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// 7. Forward; 8, release and record, in the deferred function.
 	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
+	// The app's side is bounded by the call's deadline too: reading its request body and
+	// writing the answer hold the permit, and an app that stops sending or reading must not
+	// hold it past requestTimeout (see appDeadlines).
+	c.appDeadlines(w, r)
 	defer func() {
+		c.clearDeadlines()
 		ds.Sem.Release()
 		c.finish(tk)
 	}()
@@ -344,6 +526,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // first: from its side the call failed), a 5xx, a 429, or a response body that broke on the
 // upstream's side are failures.
 func (c *call) finish(tk breaker.Ticket) {
+	if c.appFault {
+		tk.Cancel() // the app's error says nothing about the downstream
+		return
+	}
 	class := metrics.ClassError
 	failed := true
 	if c.err == nil {
@@ -385,12 +571,15 @@ var forwardedHeaders = [...]string{"Forwarded", "X-Forwarded-Host", "X-Forwarded
 
 // forwardedFor is the X-Forwarded-For the upstream gets: the app's chain, if any, plus the app's
 // address; ok is false when the app's address is unknown (the upstream then gets none).
+//
+// A chain the app named in its Connection field is a hop-by-hop field, and dropped, as net/http's
+// ReverseProxy does (RFC 9110 §7.6.1).
 func forwardedFor(in http.Header, remoteAddr string) (string, bool) {
 	ip, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		return "", false
 	}
-	if prior := in["X-Forwarded-For"]; len(prior) > 0 {
+	if prior := in["X-Forwarded-For"]; len(prior) > 0 && !namedInConnection(in, "X-Forwarded-For") {
 		ip = strings.Join(prior, ", ") + ", " + ip
 	}
 	return ip, true
@@ -413,7 +602,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	// The ReverseProxy removed the forwarding headers; put back the app's.
 	in := pr.In.Header
 	for _, k := range forwardedHeaders {
-		if v, ok := in[k]; ok {
+		if v, ok := in[k]; ok && !namedInConnection(in, k) {
 			out.Header[k] = v
 		}
 	}
@@ -484,6 +673,10 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable", err.Error(), "")
 		return
 	}
+	c.abortBodyRead()
+	if c.failApp(w, err) {
+		return
+	}
 	c.fail(w, err)
 }
 
@@ -504,11 +697,59 @@ func (c *call) fail(w http.ResponseWriter, err error) {
 		return
 	}
 	c.h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
+	var bad *badResponseError
+	if !errors.As(err, &bad) && strings.Contains(err.Error(), "server response headers exceeded") {
+		// http.Transport's error for a head over MaxResponseHeaderBytes (it has no type).
+		bad = &badResponseError{reason: "its head is larger than " + strconv.Itoa(maxResponseHeaderBytes>>20) + " MiB", err: err}
+	}
+	if bad != nil {
+		writeProblem(w, http.StatusBadGateway, CodeUpstreamBadResponse, "Bad upstream response",
+			"the downstream's answer is not valid HTTP/1.1: "+bad.reason, c.cfg.Name)
+		return
+	}
 	writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable",
-		"the call to the downstream failed: "+err.Error(), c.cfg.Name)
+		"the call to the downstream failed: "+upstreamError(err), c.cfg.Name)
+}
+
+// upstreamError describes a failed call to the downstream for the app: the kind of failure,
+// without the agent's socket addresses (a *net.OpError names both ends).
+func upstreamError(err error) string {
+	var ne *net.OpError
+	if errors.As(err, &ne) {
+		what := "the connection failed"
+		switch ne.Op {
+		case "dial":
+			what = "cannot connect"
+		case "read", "raw-read":
+			what = "reading the answer failed"
+		case "write", "raw-write":
+			what = "sending the request failed"
+		}
+		if ne.Err != nil {
+			var se *os.SyscallError
+			if errors.As(ne.Err, &se) {
+				return what + ": " + se.Err.Error()
+			}
+			if errors.Is(ne.Err, net.ErrClosed) {
+				return what + ": connection closed"
+			}
+			return what + ": " + ne.Err.Error()
+		}
+		return what
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return "the connection closed before the answer"
+	}
+	return err.Error()
 }
 
 // splitPath splits "/<name>/<rest>" into name and "/<rest>" (rest is "" for "/<name>").
+// namedInConnection reports whether the Connection field names k (a hop-by-hop field then).
+func namedInConnection(h http.Header, k string) bool {
+	vv := h["Connection"]
+	return len(vv) > 0 && httpguts.HeaderValuesContainsToken(vv, k)
+}
+
 func splitPath(p string) (name, rest string) {
 	p = strings.TrimPrefix(p, "/")
 	if i := strings.IndexByte(p, '/'); i >= 0 {

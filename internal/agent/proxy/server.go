@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -67,7 +68,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.init()
 	s.listeners[ln] = struct{}{}
-	if !s.sweeping && (s.IdleTimeout > 0 || s.ReadHeaderTimeout > 0) {
+	if !s.sweeping {
 		s.sweeping = true
 		go s.sweep()
 	}
@@ -111,12 +112,18 @@ func (s *Server) init() {
 	}
 }
 
-// sweep enforces IdleTimeout and ReadHeaderTimeout, to the granularity of its tick: the
-// connections note when they entered their phase, and the sweeper closes those that stayed too
-// long. Timers set and cleared on every request (read deadlines, as http.Server does) cost the
-// agent more than a sweep of its few connections a few times a second.
+// sweepTick is the sweeper's longest period: the granularity of the handlers' read and write
+// deadlines (see response.SetReadDeadline).
+const sweepTick = 250 * time.Millisecond
+
+// sweep enforces IdleTimeout, ReadHeaderTimeout and the handlers' read and write deadlines, to
+// the granularity of its tick: the connections note when they entered their phase and the
+// deadlines their handler set, and the sweeper closes those that stayed idle or in their header
+// too long, and cuts the reads and writes of those past their handler's deadline. Timers set
+// and cleared on every request (read deadlines, as http.Server does) cost the agent more than
+// a sweep of its few connections a few times a second.
 func (s *Server) sweep() {
-	tick := time.Second
+	tick := sweepTick
 	for _, d := range []time.Duration{s.IdleTimeout, s.ReadHeaderTimeout} {
 		if d > 0 {
 			tick = min(tick, max(d/4, 10*time.Millisecond))
@@ -142,6 +149,14 @@ func (s *Server) sweep() {
 			}
 			if limit > 0 && now-c.since.Load() > int64(limit) {
 				_ = c.conn.Close()
+			}
+			if by := c.readBy.Load(); by != 0 && now > by && c.readBy.CompareAndSwap(by, 0) {
+				c.cut.Store(true)
+				_ = c.conn.SetReadDeadline(past)
+			}
+			if by := c.writeBy.Load(); by != 0 && now > by && c.writeBy.CompareAndSwap(by, 0) {
+				c.cut.Store(true)
+				_ = c.conn.SetWriteDeadline(past)
 			}
 		}
 		s.mu.Unlock()
@@ -248,8 +263,8 @@ type srvConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	lr     limitedConn
-	// The watch of the app's connection during a request (see watchCtx); the handler's
-	// goroutine only.
+	// The watch of the app's connection during a request (see watchCtx), under watchMu.
+	watchMu            sync.Mutex
 	watching, watchOff bool
 	watchDone          chan struct{}
 	reqCtx             context.Context
@@ -258,6 +273,11 @@ type srvConn struct {
 	res                response
 	phase              atomic.Int32 // phaseIdle, ...
 	since              atomic.Int64 // when phase began, Unix nanoseconds
+	// The handler's deadlines for reading the request body and writing the answer (Unix
+	// nanoseconds, 0: none), enforced by the sweeper (see SetReadDeadline); cut: one was
+	// applied to the connection, which then closes after the answer.
+	readBy, writeBy atomic.Int64
+	cut             atomic.Bool
 	// wmu orders the 100 Continue, written from whichever goroutine first reads the body,
 	// with the answer's header, written by the handler.
 	wmu sync.Mutex
@@ -269,12 +289,35 @@ func (c *srvConn) enter(phase int32) {
 }
 
 // limitedConn reads from the connection at most remain bytes (it bounds a request's header),
-// the byte a watch read first if any.
+// the byte a watch read first if any. While teeing, it keeps a copy of what it read (the head
+// http.ReadRequest reads, see readRequestSlow).
 type limitedConn struct {
 	c       net.Conn
 	remain  int64
 	held    byte
 	holding bool
+	teeing  bool
+	tee     []byte
+}
+
+// readRequestSlow reads a head outside readRequestHead's subset with http.ReadRequest, and the
+// facts about it that http.ReadRequest does not keep, from a copy of its bytes: those buffered
+// before, and those read from the connection while it read; the head is what it consumed of
+// them. Only heads outside the subset pay for the copy.
+func (c *srvConn) readRequestSlow() (*http.Request, headFacts, error) {
+	pre, _ := c.br.Peek(c.br.Buffered())
+	c.lr.tee = append(c.lr.tee[:0], pre...)
+	c.lr.teeing = true
+	req, err := http.ReadRequest(c.br)
+	c.lr.teeing = false
+	var f headFacts
+	if err == nil {
+		f = scanHeadFacts(c.lr.tee[:len(c.lr.tee)-c.br.Buffered()])
+	}
+	if cap(c.lr.tee) > 64<<10 {
+		c.lr.tee = nil // a large head: do not keep its copy with the connection
+	}
+	return req, f, err
 }
 
 var errHeaderTooLarge = errors.New("request header too large")
@@ -289,6 +332,9 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 	if l.holding {
 		p[0], l.holding = l.held, false
 		l.remain--
+		if l.teeing {
+			l.tee = append(l.tee, p[0])
+		}
 		return 1, nil
 	}
 	if int64(len(p)) > l.remain {
@@ -296,6 +342,9 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 	}
 	n, err := l.c.Read(p)
 	l.remain -= int64(n)
+	if l.teeing {
+		l.tee = append(l.tee, p[:n]...)
+	}
 	return n, err
 }
 
@@ -317,8 +366,15 @@ func (w watchCtx) Done() <-chan struct{} {
 // stop's deadline means the app left; a byte (the next pipelined request) is kept for the next
 // read. Not when the request's body is still to be read (the read would take it) or more of
 // the app's bytes are buffered (the app is there, and nothing more can be seen).
+//
+// Done may be called from another goroutine than the handler's, and late: a timer context
+// derived from the request's calls it when its timer fires, to detach itself, which may be after
+// the handler moved on. watchMu orders that with stopWatch, and the body is looked at before
+// the buffer, which a body's reader may be using.
 func (c *srvConn) startWatch() {
-	if c.watching || c.watchOff || c.br.Buffered() > 0 || (c.res.body != nil && !c.res.body.eof.Load()) {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	if c.watching || c.watchOff || (c.res.body != nil && !c.res.body.eof.Load()) || c.br.Buffered() > 0 {
 		return
 	}
 	c.watching = true
@@ -339,11 +395,13 @@ func (c *srvConn) startWatch() {
 
 // stopWatch ends a watch read, before the connection is read again or given away.
 func (c *srvConn) stopWatch() {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
 	c.watchOff = true
 	if !c.watching {
 		return
 	}
-	_ = c.conn.SetReadDeadline(time.Unix(1, 0))
+	_ = c.conn.SetReadDeadline(past)
 	<-c.watchDone
 	_ = c.conn.SetReadDeadline(time.Time{})
 	c.watching = false
@@ -377,35 +435,56 @@ func (c *srvConn) serve() {
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
 	}
+	lastPOST, peekNext := false, 1
 	for {
 		// Wait for the next request (IdleTimeout), then read its header (ReadHeaderTimeout):
 		// both enforced by the sweeper.
 		c.lr.remain = math.MaxInt64
-		if _, err := c.br.Peek(1); err != nil {
+		// The first request is read as soon as a byte comes; a later one, as net/http's server
+		// does, once 4 bytes came: a shorter rest before the app closes is not a request, and
+		// the connection closes without an answer.
+		if _, err := c.br.Peek(peekNext); err != nil {
 			return
 		}
+		peekNext = 4
 		c.enter(phaseHeader)
+		if lastPOST {
+			// As net/http's server (RFC 7230 §3 tolerance for old clients that end a POST body
+			// with an extra CRLF): up to 4 CR or LF before the next request line are skipped.
+			peek, _ := c.br.Peek(4)
+			_, _ = c.br.Discard(leadingCRorLF(peek))
+		}
 		// The bufio.Reader may read ahead of the header: allow for its buffer, as http.Server.
 		c.lr.remain = maxHeader + int64(c.br.Size()) - int64(c.br.Buffered())
 		// A head whole in the buffer and in the common subset is read without net/http (see
 		// head.go); any other by it.
 		req, fast := readRequestHead(c.br, c.reqCtx)
+		facts := headFacts{checked: true, host: fast && req.Host != ""}
 		if !fast {
 			var err error
-			if req, err = http.ReadRequest(c.br); err != nil {
+			if req, facts, err = c.readRequestSlow(); err != nil {
 				c.badRequest(err)
 				return
+			}
+			if facts.contentLength && len(req.TransferEncoding) > 0 {
+				// Both framings: net/http reads the chunked body and drops the Content-Length,
+				// and so does the agent, but the connection closes after the answer (RFC 9112
+				// §6.1: the message may be an attempt at smuggling).
+				req.Close = true
 			}
 		}
 		c.lr.remain = math.MaxInt64
 		c.phase.Store(phaseActive)
-		if code, msg := checkRequest(req); code != 0 {
+		lastPOST = req.Method == http.MethodPost
+		if code, msg := checkRequest(req, facts); code != 0 {
 			c.reject(code, msg)
 			return
 		}
 		req.RemoteAddr = c.remote
 		if !fast {
-			req = req.WithContext(c.reqCtx)
+			// In place, not a copy: the body http.ReadRequest made writes the trailers it
+			// reads into this Request (a copy would see only declared ones).
+			*req = *req.WithContext(c.reqCtx)
 		}
 		var body *requestBody
 		if req.Body != nil && req.Body != http.NoBody {
@@ -416,14 +495,25 @@ func (c *srvConn) serve() {
 		w := &c.res
 		w.reset(c, req)
 		w.body = body
+		c.watchMu.Lock()
 		c.watchOff = false
+		c.watchMu.Unlock()
 		c.s.Handler.ServeHTTP(w, req)
 		c.stopWatch()
 		if w.hijacked {
 			hijacked = true
 			return
 		}
-		if err := w.finish(); err != nil {
+		c.readBy.Store(0)
+		c.writeBy.Store(0)
+		err := w.finish()
+		if c.cut.Load() {
+			// A deadline cut the connection's reads or writes: the answer is ended (if it can
+			// still be written), and the connection is not used again.
+			recycle = false
+			return
+		}
+		if err != nil {
 			return
 		}
 		if body != nil && !body.eof.Load() {
@@ -437,6 +527,17 @@ func (c *srvConn) serve() {
 		}
 		c.enter(phaseIdle)
 	}
+}
+
+func leadingCRorLF(b []byte) int {
+	n := 0
+	for _, c := range b {
+		if c != '\r' && c != '\n' {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // close ends the connection. gently: half-close, let the app read the answer and close its side
@@ -461,45 +562,193 @@ func (c *srvConn) close(gently, recycle bool) {
 	}
 }
 
-// checkRequest applies http.Server's checks that http.ReadRequest leaves to the server.
-func checkRequest(req *http.Request) (int, string) {
+// checkRequest applies the checks http.Server makes after reading a request (server.go's
+// readRequest) that http.ReadRequest leaves to the server: the protocol version, a Host field
+// present (HTTP/1.1) and valid, field names of token characters and values without control
+// characters, and Expect. textproto accepts "Name :" on purpose (go.dev/issue/34540); a server
+// must refuse it (RFC 9112 §5.1), or a proxy forwards a field its upstream may read as another
+// ("Transfer-Encoding : chunked" smuggles a request past an upstream that trims the space).
+// f describes the head as received; for a head readRequestHead took, whose subset has valid
+// names and values and a valid Host, only the version and Expect checks are left.
+func checkRequest(req *http.Request, f headFacts) (int, string) {
 	if req.ProtoMajor != 1 {
 		return http.StatusHTTPVersionNotSupported, "unsupported protocol version"
 	}
-	// http.ReadRequest already refused several Host headers and moved the one to req.Host;
-	// header names and values were checked by textproto.
-	if req.ProtoAtLeast(1, 1) && req.Host == "" && req.Method != http.MethodConnect {
+	if req.ProtoAtLeast(1, 1) && !f.host && req.Method != http.MethodConnect {
 		return http.StatusBadRequest, "missing required Host header"
 	}
-	if e, ok := req.Header["Expect"]; ok && !expectsContinue(req) && (len(e) != 1 || e[0] != "") {
+	if !f.checked {
+		if f.host && req.URL.Host == "" {
+			f.hostValue = req.Host // the field's value as textproto read it
+		}
+		if f.host && !httpguts.ValidHostHeader(f.hostValue) {
+			return http.StatusBadRequest, "malformed Host header"
+		}
+		for k, vv := range req.Header {
+			if !httpguts.ValidHeaderFieldName(k) {
+				return http.StatusBadRequest, "invalid header name"
+			}
+			for _, v := range vv {
+				if !httpguts.ValidHeaderFieldValue(v) {
+					return http.StatusBadRequest, "invalid header value"
+				}
+			}
+		}
+	}
+	if e := firstValue(req.Header["Expect"]); e != "" && !hasToken(e, "100-continue") {
 		return http.StatusExpectationFailed, "unsupported Expect"
 	}
 	return 0, ""
 }
 
+func firstValue(vv []string) string {
+	if len(vv) == 0 {
+		return ""
+	}
+	return vv[0]
+}
+
+// headFacts are what http.ReadRequest does not tell about a head: whether it had a Host field
+// (it moves the value to req.Host, or drops it for an absolute-form target), that value, and
+// whether it had a Content-Length beside a Transfer-Encoding (it drops the Content-Length).
+type headFacts struct {
+	checked       bool // read by readRequestHead: names, values and Host are valid
+	host          bool
+	hostValue     string
+	contentLength bool
+}
+
+// scanHead reads the facts from a head's bytes as received (request line, fields, blank line).
+// A field line starts with its name (textproto refuses a first line that starts with
+// whitespace and folds later ones into the line before), so a line that starts with "host:" or
+// "content-length:", in any case, is that field; names with whitespace before the colon are
+// refused by checkRequest.
+func scanHeadFacts(head []byte) headFacts {
+	var f headFacts
+	inHost := false // the last field line was Host's
+	nl := bytes.IndexByte(head, '\n')
+	for nl >= 0 {
+		line := head[nl+1:]
+		end := bytes.IndexByte(line, '\n')
+		if end < 0 {
+			break
+		}
+		l := bytes.TrimSuffix(line[:end], []byte("\r"))
+		if len(l) == 0 {
+			break // the blank line that ends the head
+		}
+		if l[0] == ' ' || l[0] == '\t' {
+			// obs-fold: textproto joins the line to the field before with a space.
+			if inHost {
+				f.hostValue = strings.TrimRight(f.hostValue, " \t") + " " + string(bytes.Trim(l, " \t"))
+			}
+		} else if name, value, ok := bytes.Cut(l, []byte(":")); ok {
+			inHost = bytes.EqualFold(name, []byte("Host"))
+			switch {
+			case inHost:
+				f.host = true
+				f.hostValue = string(bytes.Trim(value, " \t"))
+			case bytes.EqualFold(name, []byte("Content-Length")):
+				f.contentLength = true
+			}
+		} else {
+			inHost = false
+		}
+		nl += 1 + end
+	}
+	f.hostValue = strings.Trim(f.hostValue, " \t")
+	return f
+}
+
+// expectsContinue reports whether the app waits for 100 Continue before it sends the body: as
+// net/http's server decides, from the first Expect value only, for HTTP/1.1 with a body.
 func expectsContinue(req *http.Request) bool {
-	return req.ProtoAtLeast(1, 1) && httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue")
+	return req.ProtoAtLeast(1, 1) && req.ContentLength != 0 && hasToken(firstValue(req.Header["Expect"]), "100-continue")
+}
+
+// hasToken is net/http's own token match for Expect (server.go's hasToken): token, in ASCII
+// case-insensitively, bounded by the value's ends, spaces, tabs or commas. httpguts'
+// HeaderValuesContainsToken splits on commas only ("100-continue x" is no match there), and the
+// verdict on a request must be net/http's server's (see the differential test).
+func hasToken(v, token string) bool {
+	if len(token) > len(v) || token == "" {
+		return false
+	}
+	boundary := func(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
+	for sp := 0; sp <= len(v)-len(token); sp++ {
+		if sp > 0 && !boundary(v[sp-1]) {
+			continue
+		}
+		if end := sp + len(token); end != len(v) && !boundary(v[end]) {
+			continue
+		}
+		if asciiEqualFold(v[sp:sp+len(token)], token) {
+			return true
+		}
+	}
+	return false
+}
+
+// asciiEqualFold is strings.EqualFold in ASCII only (net/http's internal/ascii.EqualFold):
+// unlike strings.EqualFold it does not take "K" (U+212A) for "k".
+func asciiEqualFold(s, t string) bool {
+	if len(s) != len(t) {
+		return false
+	}
+	lower := func(b byte) byte {
+		if 'A' <= b && b <= 'Z' {
+			return b + 'a' - 'A'
+		}
+		return b
+	}
+	for i := 0; i < len(s); i++ {
+		if lower(s[i]) != lower(t[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *srvConn) badRequest(err error) {
 	var ne net.Error
 	switch {
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed):
+	case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
 		return // the app closed the connection
+	case errors.As(err, new(*net.OpError)):
+		return // a reset and the like: nobody to answer
 	case errors.As(err, &ne) && ne.Timeout():
 		return // idle or slow header: just close, as http.Server
 	case errors.Is(err, errHeaderTooLarge):
 		c.reject(http.StatusRequestHeaderFieldsTooLarge, "request header too large")
+	case strings.Contains(err.Error(), "transfer encoding"):
+		// net/http's unsupportedTEError ("unsupported transfer encoding", "too many transfer
+		// encodings"), which its server answers 501 (RFC 9112 §6.1); it has no exported type.
+		c.reject(http.StatusNotImplemented, "unsupported transfer encoding")
 	default:
 		c.reject(http.StatusBadRequest, "malformed request")
 	}
 }
 
-// reject answers a request that cannot be served and lets the connection close.
+// reject answers a request that cannot be served and lets the connection close: a
+// problem+json whose code names the app's error, and whose detail names the check that failed
+// (never an address or the request's bytes).
 func (c *srvConn) reject(code int, msg string) {
+	pcode := CodeBadRequest
+	switch code {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		pcode = CodeHeaderTooLarge
+	case http.StatusExpectationFailed:
+		pcode = CodeExpectationFailed
+	case http.StatusHTTPVersionNotSupported:
+		pcode = CodeHTTPVersionNotSupported
+	case http.StatusNotImplemented:
+		pcode = CodeTransferEncodingNotImplemented
+	}
+	b := problemJSON(code, pcode, http.StatusText(code), msg, "")
 	_, _ = c.bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + http.StatusText(code) +
-		"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: " +
-		strconv.Itoa(len(msg)) + "\r\n\r\n" + msg)
+		"\r\nContent-Type: application/problem+json\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(b)) + "\r\n\r\n")
+	_, _ = c.bw.Write(b)
 }
 
 // requestBody notes whether the handler read the request body to its end (the connection is
@@ -579,7 +828,20 @@ func (w *response) reset(c *srvConn, req *http.Request) {
 		clear(h)
 	}
 	*w = response{c: c, req: req, header: h, length: -1}
-	w.keepAlive = !req.Close && !c.s.closing.Load()
+	w.keepAlive = !c.s.closing.Load() && keepsAlive(req)
+}
+
+// keepsAlive reports whether the app's request lets the connection stay open after the
+// answer, as net/http's server decides (its wantsClose and wantsHttp10KeepAlive), which looks at
+// the first Connection value with its own token match: HTTP/1.1 unless it says close (or
+// http.ReadRequest found it must close), HTTP/1.0 only when it says keep-alive. (The answer may
+// close it still: a body of unknown length to HTTP/1.0, see WriteHeader.)
+func keepsAlive(req *http.Request) bool {
+	conn := firstValue(req.Header["Connection"])
+	if req.ProtoAtLeast(1, 1) {
+		return !req.Close && !hasToken(conn, "close")
+	}
+	return hasToken(conn, "keep-alive")
 }
 
 func (w *response) Header() http.Header { return w.header }
@@ -780,6 +1042,38 @@ func (w *response) FlushError() error {
 // Flush is http.Flusher's.
 func (w *response) Flush() { _ = w.FlushError() }
 
+// past is a deadline already passed: set on a connection, it ends a read or write in progress.
+var past = time.Unix(1, 0)
+
+// SetReadDeadline bounds reading the request body (http.ResponseController uses it); the zero
+// time removes the bound. A deadline in the future is enforced by the sweeper, to its tick (at
+// most sweepTick late), which costs a handler nothing per call where a timer would; one already
+// passed applies at once (ending a read in progress). Once applied, the connection closes after
+// the answer.
+func (w *response) SetReadDeadline(t time.Time) error {
+	return w.c.setDeadline(&w.c.readBy, t, w.c.conn.SetReadDeadline)
+}
+
+// SetWriteDeadline bounds writing the answer, as SetReadDeadline bounds reading: a write that
+// cannot finish by then fails, and the connection closes.
+func (w *response) SetWriteDeadline(t time.Time) error {
+	return w.c.setDeadline(&w.c.writeBy, t, w.c.conn.SetWriteDeadline)
+}
+
+func (c *srvConn) setDeadline(by *atomic.Int64, t time.Time, apply func(time.Time) error) error {
+	switch {
+	case t.IsZero():
+		by.Store(0)
+	case !t.After(time.Now()):
+		by.Store(0)
+		c.cut.Store(true)
+		return apply(past)
+	default:
+		by.Store(t.UnixNano())
+	}
+	return nil
+}
+
 // Hijack hands the connection over (protocol upgrades); the server forgets it.
 func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.hijacked {
@@ -793,6 +1087,8 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c := w.c
 	c.stopWatch()
 	w.hijacked = true
+	c.readBy.Store(0)
+	c.writeBy.Store(0)
 	_ = c.conn.SetDeadline(time.Time{})
 	// The buffers go with the connection: they may hold the app's next bytes.
 	return c.conn, bufio.NewReadWriter(c.br, c.bw), nil

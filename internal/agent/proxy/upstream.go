@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -42,7 +45,25 @@ const (
 	// bodyWriteGrace is how long a complete answer waits for the request body's writer to
 	// report before the connection is given up (http.Transport waits as long).
 	bodyWriteGrace = 50 * time.Millisecond
+	// maxResponseHeaderBytes bounds an answer's head (status line and fields, 1xx heads
+	// included): a downstream answering with an endless head must not take the agent's memory.
+	// 1 MiB, as http.DefaultMaxHeaderBytes for requests; http.Transport's default is 10 MiB,
+	// which 1,024 pooled connections could not afford.
+	maxResponseHeaderBytes = 1 << 20
 )
+
+// badResponseError is an answer the upstream client cannot read as HTTP/1.1: a head over
+// maxResponseHeaderBytes, a malformed head, a protocol switch nobody asked for. The app gets
+// 502 APPORTION_UPSTREAM_BAD_RESPONSE; the breaker counts it (the downstream misbehaves).
+type badResponseError struct {
+	reason string
+	err    error
+}
+
+func (e *badResponseError) Error() string { return "bad response from the upstream: " + e.reason }
+func (e *badResponseError) Unwrap() error { return e.err }
+
+var errResponseHeadTooLarge = errors.New("response head too large")
 
 // leanEligible reports whether the lean client can send r to u: plain http, no protocol
 // upgrade (the ReverseProxy hijacks the app's connection for it), no Expect: 100-continue
@@ -64,10 +85,15 @@ func leanEligible(r *http.Request, u *url.URL) bool {
 type upstreamPool struct {
 	hosts  sync.Map // host (URL.Host) -> *hostPool
 	dialer net.Dialer
+	// idleTimeout closes a connection idle for longer (idleConnTimeout; tests shorten it).
+	idleTimeout time.Duration
+	// reaping: a timer is set to close the connections that will have been idle too long (see
+	// reap).
+	reaping atomic.Bool
 }
 
 func newUpstreamPool() *upstreamPool {
-	return &upstreamPool{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}}
+	return &upstreamPool{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}, idleTimeout: idleConnTimeout}
 }
 
 type hostPool struct {
@@ -78,10 +104,29 @@ type hostPool struct {
 
 type upConn struct {
 	conn      net.Conn
+	lr        headLimit // between conn and br: bounds a head while it is read
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
 	peek      peeker
+}
+
+// headLimit reads from c at most remain bytes, then fails with errResponseHeadTooLarge.
+type headLimit struct {
+	c      net.Conn
+	remain int64
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.remain <= 0 {
+		return 0, errResponseHeadTooLarge
+	}
+	if int64(len(p)) > l.remain {
+		p = p[:l.remain]
+	}
+	n, err := l.c.Read(p)
+	l.remain -= int64(n)
+	return n, err
 }
 
 func (p *upstreamPool) host(host string) *hostPool {
@@ -112,7 +157,7 @@ func (p *upstreamPool) get(host string, deadline time.Time) (*upConn, error) {
 		hp.idle[n-1] = nil
 		hp.idle = hp.idle[:n-1]
 		hp.mu.Unlock()
-		if now.Sub(uc.idleSince) > idleConnTimeout {
+		if now.Sub(uc.idleSince) > p.idleTimeout {
 			uc.close()
 			continue
 		}
@@ -129,7 +174,8 @@ func (p *upstreamPool) get(host string, deadline time.Time) (*upConn, error) {
 		return nil, err
 	}
 	conn = fastConn(conn)
-	uc := &upConn{conn: conn, br: bufio.NewReaderSize(conn, upBufSize), bw: bufio.NewWriterSize(conn, upBufSize)}
+	uc := &upConn{conn: conn, lr: headLimit{c: conn, remain: math.MaxInt64}, bw: bufio.NewWriterSize(conn, upBufSize)}
+	uc.br = bufio.NewReaderSize(&uc.lr, upBufSize)
 	uc.peek.init(conn)
 	if err := conn.SetDeadline(deadline); err != nil {
 		uc.close()
@@ -145,7 +191,7 @@ func (p *upstreamPool) put(host string, uc *upConn) {
 	hp.mu.Lock()
 	// Close the oldest when full or expired; the pool is a stack, so they are at the bottom.
 	var stale *upConn
-	if len(hp.idle) > 0 && (len(hp.idle) >= maxIdlePerHost || uc.idleSince.Sub(hp.idle[0].idleSince) > idleConnTimeout) {
+	if len(hp.idle) > 0 && (len(hp.idle) >= maxIdlePerHost || uc.idleSince.Sub(hp.idle[0].idleSince) > p.idleTimeout) {
 		stale = hp.idle[0]
 		hp.idle = append(hp.idle[:0], hp.idle[1:]...)
 	}
@@ -153,6 +199,45 @@ func (p *upstreamPool) put(host string, uc *upConn) {
 	hp.mu.Unlock()
 	if stale != nil {
 		stale.close()
+	}
+	if p.reaping.CompareAndSwap(false, true) {
+		time.AfterFunc(p.idleTimeout, p.reap)
+	}
+}
+
+// reap closes the connections idle for idleTimeout or longer, of every host, and sets its timer
+// again for when the oldest of the rest will be, while any is left. Without it, the connections
+// (and their descriptors) of an upstream no longer called would stay open forever, since get
+// and put only look at the host they serve. A connection is closed at most idleTimeout late.
+func (p *upstreamPool) reap() {
+	now := time.Now()
+	var stale []*upConn
+	next := time.Duration(-1)
+	p.hosts.Range(func(_, v any) bool {
+		hp := v.(*hostPool)
+		hp.mu.Lock()
+		i := 0 // the stack holds the oldest at the bottom
+		for i < len(hp.idle) && now.Sub(hp.idle[i].idleSince) >= p.idleTimeout {
+			i++
+		}
+		stale = append(stale, hp.idle[:i]...)
+		n := copy(hp.idle, hp.idle[i:])
+		clear(hp.idle[n:])
+		hp.idle = hp.idle[:n]
+		if n > 0 {
+			if d := p.idleTimeout - now.Sub(hp.idle[0].idleSince); next < 0 || d < next {
+				next = d
+			}
+		}
+		hp.mu.Unlock()
+		return true
+	})
+	for _, uc := range stale {
+		uc.close()
+	}
+	p.reaping.Store(false)
+	if next >= 0 && p.reaping.CompareAndSwap(false, true) {
+		time.AfterFunc(max(next, time.Millisecond), p.reap)
 	}
 }
 
@@ -229,7 +314,10 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 			return err == nil
 		case <-t.C:
 		}
+		// The writer is blocked writing upstream (closing the connection ends that) or reading
+		// the app's body (ending that read ends it).
 		uc.close()
+		c.abortBodyRead()
 		<-bodyDone //nolint:errcheck // it fails: its connection was just closed
 		bodyDone = nil
 		return false
@@ -237,9 +325,12 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 	defer waitBody() // on every way out, a panic included: the writer must not outlive the call
 
 	// The body is read to its end or its connection closed; Close would drain it.
-	res, err := readResponse(uc.br, r) //nolint:bodyclose // see above
+	res, err := readResponse(uc.br, &uc.lr, r) //nolint:bodyclose // see above
 	if err != nil {
 		waitBody()
+		if c.failApp(w, err) {
+			return
+		}
 		c.fail(w, err)
 		return
 	}
@@ -292,32 +383,54 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 
 // readResponse reads the upstream's final answer; informational answers other than 101 are
 // dropped (the lean path never sends Expect, and 103 hints are optional). A 101 to a request
-// that asked for no upgrade is an error.
-func readResponse(br *bufio.Reader, r *http.Request) (*http.Response, error) {
+// that asked for no upgrade is an error. lim (nil: none) is the reader under br: each head may
+// take at most maxResponseHeaderBytes from the connection (plus what br buffered before), the
+// body any amount. Errors of the answer itself (too large, malformed, a 101) are
+// *badResponseError; those of the connection are returned as they are.
+func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Response, error) {
 	for {
 		// Wait for the answer's first bytes; a head whole in them and in the common subset is
 		// read without net/http (see head.go).
-		if _, err := br.Peek(1); err != nil {
-			if err == io.EOF {
+		if lim != nil {
+			lim.remain = maxResponseHeaderBytes
+		}
+		_, err := br.Peek(1)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF // as http.ReadResponse: the answer is missing
 			}
-			return nil, err
+			return nil, headError(err)
 		}
 		res, ok := readResponseHead(br, r)
 		if !ok {
-			var err error
 			if res, err = http.ReadResponse(br, r); err != nil {
-				return nil, err
+				return nil, headError(err)
 			}
+		}
+		if lim != nil {
+			lim.remain = math.MaxInt64
 		}
 		switch {
 		case res.StatusCode == http.StatusSwitchingProtocols:
-			return nil, errors.New("the upstream switched protocols unasked")
+			return nil, &badResponseError{reason: "the upstream switched protocols unasked"}
 		case res.StatusCode >= 100 && res.StatusCode < 200:
 			continue
 		}
 		return res, nil
 	}
+}
+
+// headError sorts an error reading an answer's head: the connection's (a timeout, a reset, the
+// upstream closing) as is, the answer's own (over the limit, not HTTP) as *badResponseError.
+func headError(err error) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, errResponseHeadTooLarge):
+		return &badResponseError{reason: "its head is larger than " + strconv.Itoa(maxResponseHeaderBytes>>20) + " MiB", err: err}
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.As(err, &ne), errors.Is(err, net.ErrClosed):
+		return err
+	}
+	return &badResponseError{reason: "malformed head", err: err}
 }
 
 // writeRequestHead writes the upstream request's line and header into bw (not flushed): the
