@@ -5,18 +5,20 @@
 // (the manager's, the metrics endpoint's, the editor and viewer roles aggregated into
 // admin/edit/view), the two-replica manager with its disruption budget and network policy.
 //
-// No manager runs here, so the webhook configuration's caBundle stays empty: filling it is the
-// manager's cert-controller (covered with the webhook's own tests); this test checks what the
-// manager needs to do it — the Secret to fill, the permission to patch that one configuration.
+// Last, the real manager binary runs against it as the installed ServiceAccount and fills the
+// webhook configuration's caBundle through cert-controller: the installed RBAC is enough.
 package installer
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,6 +33,8 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/apportion/apportion/test/e2e/harness"
 )
 
 const ns = "apportion-system"
@@ -274,6 +278,119 @@ func TestInstallYAMLApplies(t *testing.T) {
 			}
 		}
 	})
+
+	// The manager itself, run as the installed ServiceAccount (a client certificate whose user is
+	// the ServiceAccount's name, which RBAC matches as the ServiceAccount subject): the installed
+	// RBAC is enough for it to start, create its signing key and fill the webhook configuration's
+	// caBundle through cert-controller, as it does in a cluster.
+	t.Run("manager as its ServiceAccount fills the caBundle", func(t *testing.T) {
+		bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer bcancel()
+		bin, err := harness.Build(bctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sa, err := env.AddUser(envtest.User{Name: "system:serviceaccount:" + ns + ":apportion-controller-manager",
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		saConfig, err := sa.KubeConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		saPath := filepath.Join(dir, "kubeconfig")
+		if err := os.WriteFile(saPath, saConfig, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		webhookPort, probePort := freePort(t), freePort(t)
+		certDir := filepath.Join(dir, "certs")
+		mctx, mcancel := context.WithCancel(context.Background())
+		defer mcancel()
+		m := exec.CommandContext(mctx, bin.Manager, "--manager-namespace="+ns, "--metrics-bind-address=0",
+			"--health-probe-bind-address=127.0.0.1:"+strconv.Itoa(probePort), "--webhook-host=127.0.0.1",
+			"--webhook-port="+strconv.Itoa(webhookPort), "--webhook-cert-dir="+certDir,
+			"--agent-image=ghcr.io/apportion/agent:v0.1.0")
+		m.Env = append(os.Environ(), "KUBECONFIG="+saPath)
+		logPath := filepath.Join(dir, "manager.log")
+		logFile, err := os.Create(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer logFile.Close()
+		m.Stdout, m.Stderr = logFile, logFile
+		if err := m.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		var exitErr error
+		go func() { exitErr = m.Wait(); close(exited) }()
+		defer func() { mcancel(); <-exited }()
+
+		// A backstop only: the rotator fills it within seconds.
+		const waitCaBundle = 2 * time.Minute
+		wctx, wcancel := context.WithTimeout(context.Background(), waitCaBundle)
+		defer wcancel()
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		var secret corev1.Secret
+		mounted := false
+		for {
+			// The kubelet's part: once the rotator has filled the Secret, its files appear in the
+			// Deployment's volume at the cert dir (the rotator waits for that before it injects).
+			if !mounted && c.Get(wctx, client.ObjectKey{Namespace: ns, Name: "apportion-webhook-server-cert"}, &secret) == nil &&
+				len(secret.Data["tls.crt"]) > 0 {
+				if err := os.MkdirAll(certDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				for f, b := range secret.Data {
+					if err := os.WriteFile(filepath.Join(certDir, f), b, 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				mounted = true
+			}
+			if err := c.Get(wctx, client.ObjectKey{Name: "apportion-mutating-webhook-configuration"}, &mwc); err == nil &&
+				len(mwc.Webhooks) == 1 && len(mwc.Webhooks[0].ClientConfig.CABundle) > 0 {
+				break
+			}
+			select {
+			case <-exited:
+				b, _ := os.ReadFile(logPath)
+				t.Fatalf("the manager exited (%v) before the caBundle was filled:\n%s", exitErr, b)
+			case <-wctx.Done():
+				_ = m.Process.Signal(syscall.SIGQUIT) // its goroutines, into the log
+				<-exited
+				b, _ := os.ReadFile(logPath)
+				t.Fatalf("the caBundle is still empty after %v; the manager's log:\n%s", waitCaBundle, b)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if err := c.Get(wctx, client.ObjectKey{Namespace: ns, Name: "apportion-webhook-server-cert"}, &secret); err != nil {
+			t.Fatal(err)
+		}
+		if len(secret.Data["tls.crt"]) == 0 || len(secret.Data["ca.crt"]) == 0 {
+			t.Errorf("the serving certificate Secret holds %d keys, want tls.crt and ca.crt", len(secret.Data))
+		}
+		if string(secret.Data["ca.crt"]) != string(mwc.Webhooks[0].ClientConfig.CABundle) {
+			t.Error("the caBundle is not the CA of the serving certificate")
+		}
+		// Nothing in the manager's log says it was forbidden anything.
+		if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "forbidden") {
+			t.Errorf("the manager was refused something its RBAC should grant:\n%s", b)
+		}
+	})
+}
+
+// freePort asks the kernel for a free TCP port on loopback.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // allows reports whether rules grant verb on group/resource.
