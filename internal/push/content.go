@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -69,23 +70,18 @@ func (c *core) rebuild(p *podState) {
 		}
 	}
 	slices.SortFunc(a.Switches, func(x, y assignment.Switch) int { return cmp.Compare(x.Name, y.Name) })
-	if p.content != nil {
-		a.Generation = p.content.Generation
-		if reflect.DeepEqual(p.content, a) {
+	a.Generation = p.gen + 1 // Validate wants one; the content keeps its number if unchanged
+	if err := a.Validate(); err != nil {
+		if !onlySwitchErrors(err) {
+			// The controller handed over something the agents would refuse; keep the last content.
+			// The ledger still counts the new grants, which only errs on the safe side.
+			c.log.Error(err, "not pushing an invalid assignment", "pod", p.namespace+"/"+p.name)
 			return
 		}
-	}
-	a.Generation = p.gen + 1
-	if err := a.Validate(); err != nil && len(a.Switches) > 0 {
 		// A switch the agents would refuse must not hold up the permits: push without switches.
+		// What Validate checks of the rest does not depend on the switches, so the rest is valid.
 		c.log.Error(err, "dropping degrade switches from an invalid assignment", "pod", p.namespace+"/"+p.name)
 		a.Switches = nil
-	}
-	if err := a.Validate(); err != nil {
-		// The controller handed over something the agents would refuse; keep the last content.
-		// The ledger still counts the new grants, which only errs on the safe side.
-		c.log.Error(err, "not pushing an invalid assignment", "pod", p.namespace+"/"+p.name)
-		return
 	}
 	if p.content != nil {
 		a.Generation = p.content.Generation
@@ -116,4 +112,18 @@ func cloneJSON[T any](v T) T {
 		panic(err)
 	}
 	return out
+}
+
+// onlySwitchErrors says whether every problem Validate found is in a switch.
+func onlySwitchErrors(err error) bool {
+	fes := assignment.FieldErrors(err)
+	if len(fes) == 0 {
+		return false
+	}
+	for _, fe := range fes {
+		if !strings.HasPrefix(fe.Path, "switches[") {
+			return false
+		}
+	}
+	return true
 }
