@@ -60,7 +60,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 			f := &foreignHold{
 				epoch:     st.Epoch,
 				bootstrap: st.Epoch == 0,
-				leaseEnd:  c.start.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL),
+				leaseEnd:  c.foreignLeaseEnd(),
 				holds:     make(map[string]foreignDS, len(st.Downstreams)),
 			}
 			for _, d := range st.Downstreams {
@@ -105,7 +105,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	if st.Configured {
 		f := &foreignHold{
 			epoch:    st.Epoch,
-			leaseEnd: now.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL),
+			leaseEnd: now.Add(c.o.leaseWindow()),
 			holds:    make(map[string]foreignDS, len(st.Downstreams)),
 		}
 		for _, d := range st.Downstreams {

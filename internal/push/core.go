@@ -87,7 +87,7 @@ func (c *core) podList() []*podState {
 // recoverUntil is when a quota's recovery window ends: a lease the previous manager started
 // just before this one started has lapsed and its calls have ended.
 func (c *core) recoverUntil(q *quotaState) time.Time {
-	return c.start.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL + q.maxRT)
+	return c.foreignLeaseEnd().Add(q.maxRT)
 }
 
 func (c *core) recovering(q *quotaState, now time.Time) bool {

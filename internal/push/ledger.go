@@ -31,7 +31,7 @@ type version struct {
 
 	// The lease this version may have started ends by the latest of:
 	okEnd   time.Time // every answered send: answer received + LeaseTTL
-	failEnd time.Time // every unanswered send: sentAt + PushTimeout + AcceptGrace + LeaseTTL
+	failEnd time.Time // every unanswered send: sentAt + leaseWindow (PushTimeout + AcceptGrace + LeaseTTL)
 	sendEnd time.Time // the send in flight, counted like an unanswered one until it is answered
 }
 
@@ -54,9 +54,9 @@ func newVersion(a *assignment.Assignment) *version {
 type foreignHold struct {
 	epoch     int64
 	bootstrap bool
-	// leaseEnd bounds when the other manager's last lease may end: it stopped pushing before
-	// this engine started (leader election), so engine start + PushTimeout + AcceptGrace +
-	// LeaseTTL.
+	// leaseEnd bounds when the holding's last lease may end: for another manager, which stopped
+	// pushing before this engine started (leader election), foreignLeaseEnd; for a generation
+	// this engine forgot (relearn), a leaseWindow from when it met the agent again.
 	leaseEnd time.Time
 	holds    map[string]foreignDS
 }
@@ -217,7 +217,7 @@ func (p *podState) version(gen int64) *version {
 //     counts its permits until its lease may have ended plus a request timeout, then its
 //     fallback while the pod exists, and for a request timeout after the pod is gone.
 //   - Holdings of another manager count like a version whose lease ends a lease window
-//     (PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
+//     (leaseWindow: PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
 //     when it answered surely, its permits as a phantom bound (its lease may have lapsed). A
 //     bootstrap file never raises, so it counts at what it enforced.
 //   - A pod that has had an IP but never answered may run on a bootstrap file (when it has one)
@@ -234,7 +234,7 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 	p := e.pod
 	name := e.q.key.Name
 	gone := !p.goneAt.IsZero() && !p.orphaned
-	window := c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL
+	window := c.o.leaseWindow()
 	// count adds val while now < end (forever when end is zero) and notes when it drops.
 	count := func(val int32, end time.Time) {
 		if val <= 0 {
@@ -301,19 +301,27 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 	return n, phantom, carry, next
 }
 
+// foreignLandEnd is when the last push of a previous manager may land by: it stopped pushing
+// before this engine started (leader election), so engine start + landWindow.
+func (c *core) foreignLandEnd() time.Time { return c.start.Add(c.o.landWindow()) }
+
+// foreignLeaseEnd is when the last lease of a previous manager may end by: engine start +
+// leaseWindow.
+func (c *core) foreignLeaseEnd() time.Time { return c.start.Add(c.o.leaseWindow()) }
+
 // mayHoldLateForeign says whether the pod may hold an assignment of a previous manager that the
-// engine has not seen: its last report came before engine start + PushTimeout + AcceptGrace (a
+// engine has not seen: its last report came before foreignLandEnd (engine start + landWindow: a
 // push the previous manager sent before this engine started may land until then) and it has not
 // acknowledged this epoch (which would fence such a push off). Its lease has lapsed by the end of
 // recovery; then it runs on a fallback, at most its safe default.
 func (c *core) mayHoldLateForeign(p *podState) bool {
-	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.foreignLandEnd())
 }
 
 // mayPredate says whether a previous manager may have configured the pod: the engine saw it
-// with an endpoint before engine start + PushTimeout + AcceptGrace (or has not started).
+// with an endpoint before foreignLandEnd (or has not started).
 func (c *core) mayPredate(p *podState) bool {
-	return !c.started || p.ipAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+	return !c.started || p.ipAt.Before(c.foreignLandEnd())
 }
 
 // counted is what the ledger counts for the entry now.

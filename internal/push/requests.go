@@ -57,7 +57,7 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 			v = newVersion(p.content)
 			p.versions = append(p.versions, v)
 		}
-		v.sendEnd = now.Add(c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL)
+		v.sendEnd = now.Add(c.o.leaseWindow())
 		// Address the push to the agent process last seen, so that a restarted one refuses it
 		// (409) and reports itself before it is granted anything; see assignment.Assignment.Instance.
 		a := *p.content
@@ -110,7 +110,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		c.applyState(p, &stale.State, now)
 	default:
 		if w.v != nil && landed(err) {
-			w.v.failEnd = maxTime(w.v.failEnd, w.sentAt.Add(c.o.PushTimeout+c.o.AcceptGrace+c.o.LeaseTTL))
+			w.v.failEnd = maxTime(w.v.failEnd, w.sentAt.Add(c.o.leaseWindow()))
 		}
 		p.failures++
 		p.retryAt = now.Add(c.backoff(p.failures))

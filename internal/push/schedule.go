@@ -76,7 +76,7 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 	}
 	if kind == kindNone && c.mayHoldLateForeign(p) {
 		// Ask again once no push of the previous manager can land any more.
-		at, kind = maxTime(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace), p.retryAt), kindProbe
+		at, kind = maxTime(c.foreignLandEnd(), p.retryAt), kindProbe
 	}
 	return maxTime(at, now), kind
 }
