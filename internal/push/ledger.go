@@ -17,7 +17,7 @@ import (
 // hold is what one version of a pod's assignment gives one downstream.
 type hold struct {
 	permits  int32         // the limit while the lease holds
-	fallback int32         // the limit once the lease lapsed: min(permits, safe default), 0 if fail-closed
+	fallback int32         // the limit once the lease lapsed: assignment.LapsedLimit
 	rt       time.Duration // the request timeout: how long a call started under this version may last
 }
 
@@ -40,11 +40,7 @@ func (v *version) leaseEnd() time.Time { return maxTime(v.okEnd, v.failEnd, v.se
 func newVersion(a *assignment.Assignment) *version {
 	v := &version{gen: a.Generation, a: a, holds: make(map[string]hold, len(a.Downstreams))}
 	for _, d := range a.Downstreams {
-		fb := min(d.Permits, d.SafeDefaultPermits)
-		if d.FailClosed {
-			fb = 0
-		}
-		v.holds[d.Name] = hold{permits: d.Permits, fallback: max(fb, 0), rt: d.RequestTimeout.D()}
+		v.holds[d.Name] = hold{permits: d.Permits, fallback: d.LapsedLimit(), rt: d.RequestTimeout.D()}
 	}
 	return v
 }
@@ -277,7 +273,8 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 			default:
 				// What it enforced when it answered is surely held; its permits are only a bound
 				// (its lease may have lapsed already, or lapse before that of another manager).
-				fb := min(h.permits, e.sd)
+				// Whether its downstream failed closed is not reported: count it open (the larger).
+				fb := assignment.LapsedLimit(h.permits, e.sd, false)
 				lease(h.effective, f.leaseEnd, e.rt, fb)
 				if end := f.leaseEnd.Add(e.rt); now.Before(end) && h.permits > h.effective {
 					phantom = max(phantom, h.permits)

@@ -62,10 +62,7 @@ func (m *modelAgent) limit(ds string, now time.Time) int32 {
 		if m.leaseValid(now) {
 			return d.Permits
 		}
-		if d.FailClosed {
-			return 0
-		}
-		return min(d.Permits, d.SafeDefaultPermits)
+		return d.LapsedLimit()
 	}
 	return 0
 }

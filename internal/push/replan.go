@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"slices"
 	"time"
+
+	"github.com/apportion/apportion/internal/assignment"
 )
 
 // This file holds the glue between the ledger and the planner: what each entry is steered to,
@@ -18,10 +20,7 @@ func (c *core) target(e *entry) int32 {
 		return 0
 	}
 	if c.unreachable(p) {
-		if e.q.desired.Downstream.FailClosed {
-			return 0
-		}
-		return min(e.grant, e.sd)
+		return assignment.LapsedLimit(e.grant, e.sd, e.q.desired.Downstream.FailClosed)
 	}
 	return max(e.desired.Permits, 0)
 }
