@@ -24,7 +24,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 		p.instance = st.Instance
 	}
 	p.configured = st.Configured
-	p.pollAt = now.Add(c.o.DrainPoll)
+	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {
 	case st.Epoch > c.epoch:
 		// Another manager has pushed to this agent since this one started: this engine is
@@ -92,7 +92,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("an agent holds a generation of this epoch the engine forgot; re-learning what it holds",
 		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.epoch)
 	for _, e := range p.entryList() {
-		c.events = append(c.events, Event{Quota: e.q.key, UID: e.q.uid, Warning: true, Reason: ReasonAgentRelearned,
+		c.events = append(c.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
 			Message: fmt.Sprintf("the agent of pod %s held generation %d of this manager's epoch, which the manager had forgotten "+
 				"(the pod left every quota, e.g. the quota was deleted, and came back); counted at what it holds and pushed again",
 				p.name, st.Generation)})
@@ -105,7 +105,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	if st.Configured {
 		f := &foreignHold{
 			epoch:    st.Epoch,
-			leaseEnd: now.Add(c.o.leaseWindow()),
+			leaseEnd: now.Add(c.opts.leaseWindow()),
 			holds:    make(map[string]foreignDS, len(st.Downstreams)),
 		}
 		for _, d := range st.Downstreams {
@@ -132,7 +132,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
 	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
 	for _, e := range p.entries {
-		c.carryCounted(e, now, now.Add(e.rt))
+		c.carryCounted(e, now, now.Add(e.maxRequestTimeout))
 		e.grant = 0
 	}
 	keep := p.versions[:0]
@@ -154,12 +154,12 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 // unknown pod until now is carried until then. A pod this engine saw from its first endpoint on
 // needs no carry: nobody but this engine configures it, and it never pushes an unknown pod.
 func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time) {
-	if st.Uptime <= 0 || !c.started || !p.everIP() || !c.mayPredate(p) {
+	if st.Uptime <= 0 || !c.started || !p.hadEndpoint() || !c.mayPredate(p) {
 		return
 	}
 	began := now.Add(-st.Uptime.D())
 	for _, e := range p.entries {
-		until := began.Add(e.rt)
+		until := began.Add(e.maxRequestTimeout)
 		if !now.Before(until) {
 			continue
 		}
@@ -172,7 +172,7 @@ func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time
 func (c *core) carryCounted(e *entry, now, until time.Time) {
 	h, ph, carry, _ := c.held(e, now)
 	e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
-	c.markQuota(e.q)
+	c.markQuota(e.quota)
 }
 
 // restarted says whether st comes from a new agent process: its state went backwards (a lower

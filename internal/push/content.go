@@ -32,7 +32,7 @@ func (c *core) rebuild(p *podState) {
 	}
 	a := &assignment.Assignment{
 		Epoch:       c.epoch,
-		LeaseTTL:    assignment.Duration(c.o.LeaseTTL),
+		LeaseTTL:    assignment.Duration(c.opts.LeaseTTL),
 		Downstreams: []assignment.Downstream{},
 	}
 	keys := make([]types.NamespacedName, 0, len(p.entries))
@@ -42,23 +42,23 @@ func (c *core) rebuild(p *podState) {
 	slices.SortFunc(keys, func(a, b types.NamespacedName) int { return cmp.Compare(a.Name, b.Name) })
 	for _, k := range keys {
 		e := p.entries[k]
-		d := cloneJSON(e.q.desired.Downstream)
+		d := cloneJSON(e.quota.desired.Downstream)
 		d.Permits = e.grant
-		d.SafeDefaultPermits = min(e.sd, e.grant)
+		d.SafeDefaultPermits = min(e.safeDefault, e.grant)
 		d.Rate = nil
 		if e.desired.RatePerSecond > 0 {
 			mode := assignment.ModeTokenBucket
-			if r := e.q.desired.Downstream.Rate; r != nil && r.Mode != "" {
+			if r := e.quota.desired.Downstream.Rate; r != nil && r.Mode != "" {
 				mode = r.Mode
 			}
 			d.Rate = &assignment.Rate{PerSecond: e.desired.RatePerSecond, Burst: max(e.desired.RateBurst, 1), Mode: mode}
 		}
-		e.rt = max(e.rt, d.RequestTimeout.D())
+		e.maxRequestTimeout = max(e.maxRequestTimeout, d.RequestTimeout.D())
 		a.Downstreams = append(a.Downstreams, d)
 		if !e.present {
 			continue
 		}
-		for _, ts := range e.q.desired.Switches {
+		for _, ts := range e.quota.desired.Switches {
 			if ts.Target != "" && ts.Target != e.target {
 				continue
 			}

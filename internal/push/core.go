@@ -19,15 +19,15 @@ import (
 // Engine calls them under its mutex. Work for the agents comes out of popReady/startWork and
 // goes back in through finishWork, which is how the tests drive it step by step.
 type core struct {
-	o   *Options
-	log logr.Logger
-	m   *metrics // nil in pure tests
+	opts    *Options
+	log     logr.Logger
+	metrics *metrics // nil in pure tests
 
-	epoch    int64
-	started  bool
-	start    time.Time
-	fenced   bool
-	fencedBy int64
+	epoch     int64
+	started   bool
+	startedAt time.Time
+	fenced    bool
+	fencedBy  int64
 
 	quotas map[types.NamespacedName]*quotaState
 	pods   map[types.UID]*podState
@@ -47,9 +47,9 @@ type core struct {
 
 func newCore(o *Options, m *metrics) *core {
 	return &core{
-		o:       o,
+		opts:    o,
 		log:     o.Logger,
-		m:       m,
+		metrics: m,
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
 		changed: map[types.NamespacedName]struct{}{},
@@ -59,7 +59,7 @@ func newCore(o *Options, m *metrics) *core {
 // begin fixes the epoch and starts recovery: every pod is probed before it is pushed to, and
 // no quota raises anyone above what it is counted at until recoverUntil.
 func (c *core) begin(epoch int64, now time.Time) {
-	c.epoch, c.started, c.start = epoch, true, now
+	c.epoch, c.started, c.startedAt = epoch, true, now
 	keys := slices.SortedFunc(maps.Keys(c.quotas), func(a, b types.NamespacedName) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
@@ -87,7 +87,7 @@ func (c *core) podList() []*podState {
 // recoverUntil is when a quota's recovery window ends: a lease the previous manager started
 // just before this one started has lapsed and its calls have ended.
 func (c *core) recoverUntil(q *quotaState) time.Time {
-	return c.foreignLeaseEnd().Add(q.maxRT)
+	return c.foreignLeaseEnd().Add(q.maxRequestTimeout)
 }
 
 func (c *core) recovering(q *quotaState, now time.Time) bool {

@@ -39,7 +39,7 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 	}
 	q.desired.Downstream.Name = d.Key.Name
 	rt := d.Downstream.RequestTimeout.D()
-	q.maxRT = max(q.maxRT, rt)
+	q.maxRequestTimeout = max(q.maxRequestTimeout, rt)
 
 	changed := false
 	seen := make(map[types.UID]bool, len(d.Pods))
@@ -59,12 +59,12 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		if dp.Endpoint != p.endpoint {
 			p.endpoint = dp.Endpoint
 			if dp.Endpoint != "" {
-				if p.ipAt.IsZero() {
-					p.ipAt = now
+				if p.endpointSince.IsZero() {
+					p.endpointSince = now
 					if !dp.Since.IsZero() && dp.Since.Before(now) {
 						// The pod existed before this engine saw it: a previous manager (or this
 						// one, under a quota since deleted) may have configured it.
-						p.ipAt = dp.Since
+						p.endpointSince = dp.Since
 					}
 				}
 				p.failures, p.retryAt = 0, time.Time{} // a new address deserves a fresh try
@@ -73,7 +73,7 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		p.finalPush = false
 		e := q.entries[dp.UID]
 		if e == nil {
-			e = &entry{q: q, pod: p}
+			e = &entry{quota: q, pod: p}
 			q.entries[dp.UID] = e
 			p.entries[q.key] = e
 			q.resort = true
@@ -86,8 +86,8 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		e.desired = dp
 		e.target = dp.Target
 		e.terminating = dp.Terminating
-		e.sd = max(dp.SafeDefault, 0)
-		e.rt = max(e.rt, rt)
+		e.safeDefault = max(dp.SafeDefault, 0)
+		e.maxRequestTimeout = max(e.maxRequestTimeout, rt)
 		c.markDirty(p)
 		c.updateGone(p, now)
 	}
@@ -119,7 +119,7 @@ func (c *core) updateGone(p *podState, now time.Time) {
 		return
 	}
 	for _, e := range p.entryList() {
-		c.markQuota(e.q)
+		c.markQuota(e.quota)
 	}
 }
 
@@ -172,7 +172,7 @@ func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
 			p.goneAt = now
 		}
 		for _, pe := range p.entryList() {
-			c.markQuota(pe.q)
+			c.markQuota(pe.quota)
 		}
 	}
 }
@@ -181,7 +181,7 @@ func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
 func (c *core) forgetQuota(q *quotaState) {
 	delete(c.quotas, q.key)
 	delete(c.changed, q.key)
-	if c.m != nil {
-		c.m.forget(q.key)
+	if c.metrics != nil {
+		c.metrics.forget(q.key)
 	}
 }

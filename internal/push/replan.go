@@ -11,7 +11,7 @@ import (
 // This file holds the glue between the ledger and the planner: what each entry is steered to,
 // whether it may be raised, replan (ledger → plan → grants) and when a rebalance is done.
 
-func (c *core) unreachable(p *podState) bool { return p.failures >= c.o.UnreachableAfter }
+func (c *core) unreachable(p *podState) bool { return p.failures >= c.opts.UnreachableAfter }
 
 // target is what the planner steers an entry to.
 func (c *core) target(e *entry) int32 {
@@ -20,7 +20,7 @@ func (c *core) target(e *entry) int32 {
 		return 0
 	}
 	if c.unreachable(p) {
-		return assignment.LapsedLimit(e.grant, e.sd, e.q.desired.Downstream.FailClosed)
+		return assignment.LapsedLimit(e.grant, e.safeDefault, e.quota.desired.Downstream.FailClosed)
 	}
 	return max(e.desired.Permits, 0)
 }
@@ -81,7 +81,7 @@ func (c *core) replan(q *quotaState, now time.Time) {
 		}
 	}
 	if !next.IsZero() && !next.Equal(q.wakeAt) {
-		heap.Push(&c.timers, timerItem{at: next, q: q})
+		heap.Push(&c.timers, timerItem{at: next, quota: q})
 	}
 	q.wakeAt = next
 	if q.rebalancing && c.started && c.rebalanceDone(q) {
@@ -109,7 +109,7 @@ func ackedPermits(e *entry) int32 {
 	if v == nil {
 		return -1
 	}
-	return v.holds[e.q.key.Name].permits
+	return v.holds[e.quota.key.Name].permits
 }
 
 func synced(e *entry) bool {

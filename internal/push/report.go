@@ -92,8 +92,8 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		q.summary = sum
 		c.changed[q.key] = struct{}{}
 	}
-	if c.m != nil {
-		c.m.observe(q.key, ledger, int64(q.desired.Limit), unreachable)
+	if c.metrics != nil {
+		c.metrics.observe(q.key, ledger, int64(q.desired.Limit), unreachable)
 	}
 }
 
@@ -131,8 +131,8 @@ func (c *core) switchApplied(name string) (applied, total int) {
 		if p.ackedGen == 0 || v == nil {
 			continue
 		}
-		j := slices.IndexFunc(v.a.Switches, func(s assignment.Switch) bool { return s.Name == name })
-		if j >= 0 && reflect.DeepEqual(v.a.Switches[j], p.content.Switches[i]) {
+		j := slices.IndexFunc(v.assignment.Switches, func(s assignment.Switch) bool { return s.Name == name })
+		if j >= 0 && reflect.DeepEqual(v.assignment.Switches[j], p.content.Switches[i]) {
 			applied++
 		}
 	}

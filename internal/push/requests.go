@@ -33,12 +33,12 @@ func (k workKind) String() string {
 
 // work is one request to one agent.
 type work struct {
-	pod      *podState
-	kind     workKind
-	endpoint string
-	a        *assignment.Assignment // kindPush: the snapshot sent
-	v        *version               // kindPush
-	sentAt   time.Time
+	pod        *podState
+	kind       workKind
+	endpoint   string
+	assignment *assignment.Assignment // kindPush: the snapshot sent
+	version    *version               // kindPush
+	sentAt     time.Time
 }
 
 // startWork turns a ready pod into a request. For a push it reserves the version in the
@@ -57,12 +57,12 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 			v = newVersion(p.content)
 			p.versions = append(p.versions, v)
 		}
-		v.sendEnd = now.Add(c.o.leaseWindow())
+		v.sendEnd = now.Add(c.opts.leaseWindow())
 		// Address the push to the agent process last seen, so that a restarted one refuses it
 		// (409) and reports itself before it is granted anything; see assignment.Assignment.Instance.
 		a := *p.content
 		a.Instance = p.instance
-		w.a, w.v = &a, v
+		w.assignment, w.version = &a, v
 	}
 	p.busy = w
 	return w
@@ -83,8 +83,8 @@ func landed(err error) bool {
 func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Time) {
 	p := w.pod
 	p.busy = nil
-	if w.v != nil {
-		w.v.sendEnd = time.Time{}
+	if w.version != nil {
+		w.version.sendEnd = time.Time{}
 	}
 	if p.removed || c.fenced {
 		return
@@ -93,10 +93,10 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	switch {
 	case err == nil && st != nil:
 		if w.kind == kindPush {
-			w.v.okEnd = maxTime(w.v.okEnd, now.Add(c.o.LeaseTTL))
+			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
 			p.renewAt = w.sentAt.Add(c.renewDelay())
-			if st.Epoch == c.epoch && st.Generation == w.v.gen {
-				p.okGen = w.v.gen
+			if st.Epoch == c.epoch && st.Generation == w.version.gen {
+				p.okGen = w.version.gen
 			}
 		}
 		p.failures, p.retryAt = 0, time.Time{}
@@ -109,13 +109,13 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		p.failures, p.retryAt = 0, time.Time{}
 		c.applyState(p, &stale.State, now)
 	default:
-		if w.v != nil && landed(err) {
-			w.v.failEnd = maxTime(w.v.failEnd, w.sentAt.Add(c.o.leaseWindow()))
+		if w.version != nil && landed(err) {
+			w.version.failEnd = maxTime(w.version.failEnd, w.sentAt.Add(c.opts.leaseWindow()))
 		}
 		p.failures++
 		p.retryAt = now.Add(c.backoff(p.failures))
 		lvl := 1
-		if p.failures == c.o.UnreachableAfter {
+		if p.failures == c.opts.UnreachableAfter {
 			lvl = 0
 		}
 		c.log.V(lvl).Info("agent request failed", "pod", p.namespace+"/"+p.name, "endpoint", w.endpoint,
@@ -129,7 +129,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		return
 	}
 	for _, e := range p.entries {
-		c.markQuota(e.q)
+		c.markQuota(e.quota)
 	}
 	c.markDirty(p)
 }

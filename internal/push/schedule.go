@@ -93,7 +93,7 @@ func (c *core) priority(p *podState, kind workKind) int {
 	if n := len(p.versions); n > 0 {
 		last := p.versions[n-1]
 		for _, e := range p.entries {
-			if h, ok := last.holds[e.q.key.Name]; ok && e.grant < h.permits {
+			if h, ok := last.holds[e.quota.key.Name]; ok && e.grant < h.permits {
 				return 0
 			}
 		}
@@ -133,10 +133,10 @@ func (c *core) advance(now time.Time) {
 				it.pod.wakeAt = time.Time{}
 				c.schedule(it.pod, now)
 			}
-		case it.q != nil:
-			if it.q.wakeAt.Equal(it.at) {
-				it.q.wakeAt = time.Time{}
-				c.markQuota(it.q)
+		case it.quota != nil:
+			if it.quota.wakeAt.Equal(it.at) {
+				it.quota.wakeAt = time.Time{}
+				c.markQuota(it.quota)
 			}
 		}
 	}
@@ -149,7 +149,7 @@ func (c *core) advance(now time.Time) {
 func (c *core) compactTimers() {
 	live := c.timers[:0]
 	for _, it := range c.timers {
-		if (it.pod != nil && it.pod.wakeAt.Equal(it.at) && !it.pod.removed) || (it.q != nil && it.q.wakeAt.Equal(it.at)) {
+		if (it.pod != nil && it.pod.wakeAt.Equal(it.at) && !it.pod.removed) || (it.quota != nil && it.quota.wakeAt.Equal(it.at)) {
 			live = append(live, it)
 		}
 	}
@@ -185,20 +185,20 @@ func (c *core) popReady() *podState {
 // that pods pushed together (a rebalance) do not renew in one burst forever. Renewing early is
 // always safe.
 func (c *core) renewDelay() time.Duration {
-	if c.o.jitter != nil {
-		return c.o.RenewEvery // deterministic tests
+	if c.opts.jitter != nil {
+		return c.opts.RenewEvery // deterministic tests
 	}
-	return c.o.RenewEvery - rand.N(c.o.RenewEvery/4+1)
+	return c.opts.RenewEvery - rand.N(c.opts.RenewEvery/4+1)
 }
 
 func (c *core) backoff(failures int) time.Duration {
-	d := c.o.RetryBase
-	for i := 1; i < failures && d < c.o.RetryMax; i++ {
+	d := c.opts.RetryBase
+	for i := 1; i < failures && d < c.opts.RetryMax; i++ {
 		d *= 2
 	}
-	d = min(d, c.o.RetryMax)
-	if c.o.jitter != nil {
-		return c.o.jitter(d)
+	d = min(d, c.opts.RetryMax)
+	if c.opts.jitter != nil {
+		return c.opts.jitter(d)
 	}
 	return d/2 + rand.N(d/2+1)
 }
@@ -206,9 +206,9 @@ func (c *core) backoff(failures int) time.Duration {
 // timerHeap orders the engine's timers; entries are invalidated lazily (their at no longer
 // matches the pod's or quota's wakeAt).
 type timerItem struct {
-	at  time.Time
-	pod *podState
-	q   *quotaState
+	at    time.Time
+	pod   *podState
+	quota *quotaState
 }
 
 type timerHeap []timerItem
