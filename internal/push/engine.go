@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -68,6 +69,13 @@ func New(opts Options) (*Engine, error) {
 	e.core = newCore(&e.opts, m)
 	return e, nil
 }
+
+// The manager finds NeedLeaderElection by a type assertion at run time: without it the engine
+// would run on every replica. These make a changed signature a compile error.
+var (
+	_ manager.Runnable               = (*Engine)(nil)
+	_ manager.LeaderElectionRunnable = (*Engine)(nil)
+)
 
 // NeedLeaderElection makes the manager run the engine only on the leader.
 func (e *Engine) NeedLeaderElection() bool { return true }
