@@ -16,7 +16,9 @@ import (
 // and switches of every quota it belongs to, numbered with a new generation when it changed.
 
 // rebuild assembles a pod's assignment from every quota it belongs to and bumps its generation
-// when anything changed.
+// when anything changed. It compares with the last content once (and once more only after
+// dropping invalid switches, which may leave what is already sent) and validates only content
+// that changed, once.
 func (c *core) rebuild(p *podState) {
 	if p.removed {
 		return
@@ -70,7 +72,10 @@ func (c *core) rebuild(p *podState) {
 		}
 	}
 	slices.SortFunc(a.Switches, func(x, y assignment.Switch) int { return cmp.Compare(x.Name, y.Name) })
-	a.Generation = p.gen + 1 // Validate wants one; the content keeps its number if unchanged
+	if p.isContent(a) {
+		return // the common case (a renewal, an answer): nothing to validate
+	}
+	a.Generation = p.gen + 1 // Validate wants one
 	if err := a.Validate(); err != nil {
 		if !onlySwitchErrors(err) {
 			// The controller handed over something the agents would refuse; keep the last content.
@@ -82,16 +87,22 @@ func (c *core) rebuild(p *podState) {
 		// What Validate checks of the rest does not depend on the switches, so the rest is valid.
 		c.log.Error(err, "dropping degrade switches from an invalid assignment", "pod", p.namespace+"/"+p.name)
 		a.Switches = nil
-	}
-	if p.content != nil {
-		a.Generation = p.content.Generation
-		if reflect.DeepEqual(p.content, a) {
-			return
+		if p.isContent(a) {
+			return // the content already went without them
 		}
 	}
 	p.gen++
 	a.Generation = p.gen
 	p.content = a
+}
+
+// isContent says whether a is the pod's content; it numbers a like the content to compare.
+func (p *podState) isContent(a *assignment.Assignment) bool {
+	if p.content == nil {
+		return false
+	}
+	a.Generation = p.content.Generation
+	return reflect.DeepEqual(p.content, a)
 }
 
 func (c *core) removePod(p *podState) {

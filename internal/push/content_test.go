@@ -21,6 +21,13 @@ func TestInvalidSwitchIsDroppedAndThePermitsArePushed(t *testing.T) {
 			t.Fatalf("%s holds switches %+v, downstreams %+v; want no switch and 10 permits", ep, a.Switches, a.Downstreams)
 		}
 	}
+	// Renewals and answers rebuild the content; without the switch it is unchanged, so it keeps
+	// its generation (a new one each time would push forever).
+	gen := h.agent("http://p0").a.Generation
+	h.runFor(3 * DefaultRenewEvery)
+	if g := h.agent("http://p0").a.Generation; g != gen {
+		t.Fatalf("generation %d after renewals, want %d: content without the invalid switch renumbered", g, gen)
+	}
 	d.Switches[0].Switch.KeyHeader = "X-User"
 	h.set(d)
 	h.settle()
