@@ -65,10 +65,10 @@ type foreignDS struct {
 // quotaState is one DownstreamQuota's desired state and ledger.
 type quotaState struct {
 	key               types.NamespacedName
-	uid               types.UID    // of the DownstreamQuota object last set; "" when not given
-	deleted           bool         // the object was deleted; the ledger lives on until it counts nothing
-	desired           DesiredQuota // deep copy; Pods is not kept
-	maxRequestTimeout time.Duration
+	uid               types.UID     // of the DownstreamQuota object last set; "" when not given
+	deleted           bool          // the object was deleted; the ledger lives on until it counts nothing
+	desired           DesiredQuota  // deep copy; Pods is not kept
+	maxRequestTimeout time.Duration // the longest the quota was ever given: recovery waits it out
 	entries           map[types.UID]*entry
 	resort            bool // entries changed since sorted was built
 	sorted            []*entry
