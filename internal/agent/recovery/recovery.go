@@ -80,7 +80,7 @@ const (
 	DefaultInitialPercent           = 10 // Envoy's min_weight_percent default
 	DefaultStepPercent              = 10
 	DefaultHealthyWindows           = 2
-	DefaultFailureRatePercent       = 50 // the breaker's default
+	DefaultFailureRatePercent       = 50  // the breaker's default
 	DefaultAdaptiveTolerancePercent = 150 // Gradient2's rttTolerance 1.5
 	DefaultBaselineWindows          = 60
 	DefaultMinLimit                 = 1
