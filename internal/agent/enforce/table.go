@@ -76,7 +76,7 @@ type Downstream struct {
 	effective atomic.Int64
 
 	requests, upstream429 atomic.Int64
-	rejected              [4]atomic.Int64 // by metrics.Reason*
+	rejected              [6]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.

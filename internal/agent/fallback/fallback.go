@@ -66,6 +66,7 @@ const (
 	RateLimited Reason = "rate-limited" // no rate token within the wait allowed
 	CircuitOpen Reason = "circuit-open" // breaker open, or half-open with no probe slot
 	Degraded    Reason = "degraded"     // a degrade switch applies
+	QueueFull   Reason = "queue-full"   // as many calls already wait for a permit as may
 )
 
 // Downgrade says why a configured Static or ServeStale was replaced by

@@ -32,7 +32,7 @@ type Problem struct {
 }
 
 // Code is the machine code for r: APPORTION_NO_PERMIT, APPORTION_RATE_LIMITED,
-// APPORTION_CIRCUIT_OPEN, APPORTION_DEGRADED.
+// APPORTION_CIRCUIT_OPEN, APPORTION_DEGRADED, APPORTION_QUEUE_FULL.
 func Code(r Reason) string {
 	return "APPORTION_" + strings.ToUpper(strings.ReplaceAll(string(r), "-", "_"))
 }
@@ -47,6 +47,8 @@ func title(r Reason) string {
 		return "Downstream circuit breaker open"
 	case Degraded:
 		return "Downstream degraded"
+	case QueueFull:
+		return "Too many calls waiting for the downstream"
 	}
 	return "Downstream not called"
 }

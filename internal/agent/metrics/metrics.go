@@ -14,7 +14,8 @@
 //	inflight, waiting, permits                   gauges (permits: the effective limit)
 //	requests_total                               every call addressed to a known downstream
 //	rejected_total{reason}                       calls not forwarded: no-permit, rate-limited,
-//	                                             circuit-open, degraded
+//	                                             circuit-open, degraded, queue-full,
+//	                                             deadline-exceeded
 //	fallback_total{action}                       answers given instead of the downstream's:
 //	                                             reject, static, serve-stale
 //	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
@@ -49,7 +50,7 @@ import (
 const namespace = "apportion_agent"
 
 // Reasons a call is not forwarded, as label values; the index is what Downstream.Rejected takes.
-var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded"}
+var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded", "queue-full", "deadline-exceeded"}
 
 // Actions of a fallback answer, as label values; the index is what Downstream.Fallback takes.
 var Actions = []string{"reject", "static", "serve-stale"}
@@ -63,6 +64,8 @@ const (
 	ReasonRateLimited
 	ReasonCircuitOpen
 	ReasonDegraded
+	ReasonQueueFull
+	ReasonDeadline
 )
 
 const (
@@ -181,7 +184,7 @@ func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
 // Downstream is one downstream's pre-resolved children.
 type Downstream struct {
 	Requests         prometheus.Counter
-	Rejected         [4]prometheus.Counter // by Reason*
+	Rejected         [6]prometheus.Counter // by Reason*
 	Fallback         [3]prometheus.Counter // by Action*
 	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
