@@ -67,8 +67,8 @@ type Semaphore struct {
 	waiting  int
 	// maxWaiting bounds waiting; negative: no bound.
 	maxWaiting int
-	head     *waiter // oldest waiter, next to be granted
-	tail     *waiter
+	head       *waiter // oldest waiter, next to be granted
+	tail       *waiter
 
 	pool sync.Pool // of *waiter
 
