@@ -109,6 +109,12 @@ func New(o Options) *Enforcer {
 	return e
 }
 
+// passive adapts the Enforcer's clock to the recovery controller's.
+type passive struct{ c clock.Clock }
+
+func (p passive) Now() time.Time                  { return p.c.Now() }
+func (p passive) Since(t time.Time) time.Duration { return p.c.Now().Sub(t) }
+
 // Clock is the Enforcer's clock.
 func (e *Enforcer) Clock() clock.Clock { return e.clock }
 
@@ -210,6 +216,7 @@ func (e *Enforcer) renewLocked(a *assignment.Assignment, now, end time.Time) {
 		e.leaseExpired = false
 		for _, ds := range e.table.Load().byName {
 			ds.setEffective(ds.Config().Permits)
+			ds.StartRamp() // back from the safe default: recover gradually
 		}
 		e.log.Info("lease renewed after it had expired; permits restored", "epoch", e.epoch, "generation", e.gen)
 	}
@@ -230,7 +237,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 		cfg := cfgs[i]
 		ds := old.byName[d.Name]
 		if ds == nil {
-			ds = newDownstream(d.Name, cfg, e.metrics, now)
+			ds = newDownstream(d.Name, cfg, e.metrics, passive{e.clock}, now)
 			created = append(created, d.Name)
 		} else {
 			ds.reconfigure(cfg, now)

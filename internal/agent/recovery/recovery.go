@@ -318,6 +318,9 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // ---- controller ----
 
+// Clock is the time source: k8s.io/utils/clock.PassiveClock (its testing fakes in tests).
+type Clock = clock.PassiveClock
+
 // Controller is one downstream's recovery state: a window of calls being counted, the ramp and
 // the adaptive estimator. It is safe for concurrent use.
 type Controller struct {
