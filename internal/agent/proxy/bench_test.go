@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/loadgen"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
@@ -28,14 +29,14 @@ func benchServer(b *testing.B, h http.Handler) string {
 	return "http://" + ln.Addr().String()
 }
 
-// agentServer serves h as the agent binary does: Server, the data plane's own.
+// agentServer serves h as the agent binary does: h1.Server, the data plane's own.
 func agentServer(b *testing.B, h http.Handler) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, Logger: quietLogger()}
+	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, Logger: quietLogger()}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -312,7 +313,7 @@ func benchRawUpstream(b *testing.B) string {
 	return "http://" + ln.Addr().String()
 }
 
-// BenchmarkServeLean is one call at a time through the agent as the binary runs it (Server,
+// BenchmarkServeLean is one call at a time through the agent as the binary runs it (h1.Server,
 // Handler, lean client) from a raw keep-alive client to a raw upstream: the agent's own time
 // and allocations per call, network included.
 func BenchmarkServeLean(b *testing.B) {
@@ -322,7 +323,7 @@ func BenchmarkServeLean(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &Server{Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), IdleTimeout: time.Minute, ReadHeaderTimeout: time.Second}
+	srv := &h1.Server{Refusal: Refusal, Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), IdleTimeout: time.Minute, ReadHeaderTimeout: time.Second}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())

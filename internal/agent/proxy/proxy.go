@@ -54,14 +54,14 @@
 // downstream whose fallback or a switch is ServeStale are copied, while streamed to the app,
 // into the stale cache, which is bounded in bytes.
 //
-// Serving and forwarding, for CPU (see docs/benchmarks.md): the agent serves Handler with its own
-// HTTP/1.1 Server (server.go; Handler stays an http.Handler that works under net/http's server
-// too), and sends calls to plain http upstreams with a synchronous client over pooled
-// connections (upstream.go), both reading and writing sockets with raw non-blocking system calls
-// (rawio_linux.go). https upstreams, protocol upgrades, Expect: 100-continue and a Transport given
-// in Options go through httputil.ReverseProxy and http.Transport. Both ways share the admission,
-// the call's state, the answers on failure and the recording; the lean client drops
-// informational (1xx) answers, which the ReverseProxy passes on.
+// Serving and forwarding: the agent serves Handler with the HTTP/1.1 engine's server
+// (h1.Server, with Refusal for the requests it refuses itself; Handler stays an http.Handler
+// that works under net/http's server too), and sends calls to plain http upstreams with the
+// engine's client (h1.Client, forward.go). https upstreams, protocol upgrades, Expect:
+// 100-continue and a Transport given in Options go through httputil.ReverseProxy and
+// http.Transport. Both ways share the admission (admission.go), the call's state, the answers on
+// failure and the recording; the engine's client drops informational (1xx) answers, which the
+// ReverseProxy passes on. This package holds the policy; the engine knows nothing of it.
 package proxy
 
 import (
@@ -69,7 +69,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -81,13 +80,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
-	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 )
 
@@ -109,7 +106,7 @@ type Handler struct {
 	enf   *enforce.Enforcer
 	clock clock.Clock
 	rp    *httputil.ReverseProxy
-	up    *upstreamPool   // the lean client; nil when Options.Transport sends every call
+	up    *h1.Client      // the lean client; nil when Options.Transport sends every call
 	stale *fallback.Cache // nil: nothing is cached
 	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
 	maxEntry int64
@@ -134,16 +131,16 @@ func NewTransport() *http.Transport {
 		DisableCompression:     true,
 		WriteBufferSize:        16 << 10,
 		ReadBufferSize:         16 << 10,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes, // as the lean client's
+		MaxResponseHeaderBytes: h1.MaxResponseHeaderBytes, // as the lean client's
 	}
 }
 
 // New returns the data plane handler.
 func New(o Options) *Handler {
-	var up *upstreamPool
+	var up *h1.Client
 	if o.Transport == nil {
 		o.Transport = NewTransport()
-		up = newUpstreamPool()
+		up = h1.NewClient()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -159,7 +156,7 @@ func New(o Options) *Handler {
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.errorHandler,
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
-		BufferPool:     bufferPool{},
+		BufferPool:     bufferPool,
 	}
 	return h
 }
@@ -167,7 +164,7 @@ func New(o Options) *Handler {
 // CloseIdleConnections closes the idle upstream connections (of both clients).
 func (h *Handler) CloseIdleConnections() {
 	if h.up != nil {
-		h.up.closeIdle()
+		h.up.CloseIdleConnections()
 	}
 	if ci, ok := h.rp.Transport.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
@@ -236,6 +233,9 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
 }
+
+// past is a deadline already passed: set on a connection, it ends a read or write in progress.
+var past = time.Unix(1, 0)
 
 // answerWriteGrace is how long after the call's deadline the answer may still be written: the
 // upstream side ends at the deadline, and its 504 (or the app's 408) is written just then.
@@ -362,10 +362,6 @@ func refuseMethod(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// stallSlack is added to twice the acquire timeout before a call admitted that long ago counts
-// as stalled rather than slow to schedule.
-const stallSlack = 500 * time.Millisecond
-
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if refuseMethod(w, r) {
 		return
@@ -388,105 +384,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"no downstream called "+quote(name)+" is configured for this pod (no DownstreamQuota of that name lists its workload, or it was deleted); call http://127.0.0.1:PORT/<downstream>/<path>", name)
 		return
 	}
-	now := h.clock.Now()
-	start := time.Now()
+	// 2 to 6: admission.
 	cfg := ds.Config()
-	ds.CountRequest(now)
-
-	// 2. Degrade switches (1, unknown downstream, is above).
-	if sw := selectSwitch(t, name, r, now); sw != nil {
-		ds.CountRejected(metrics.ReasonDegraded)
-		h.answerFallback(w, r, ds, &sw.Action, fallback.Degraded, 0, now)
+	ad := admit(r.Context(), h.clock, t, ds, cfg, requestView(r))
+	switch ad.verdict {
+	case refused:
+		h.answerFallback(w, r, ds, ad.action, ad.reason, ad.retryAfter, ad.at)
 		return
-	}
-	// 3. Circuit breaker: an open one refuses here, before a token or a permit is taken. A
-	// closed or half-open one is asked for the call's ticket once the permit is held (6),
-	// because a ticket cannot be handed back unused: a half-open probe slot must go to a call
-	// that is really forwarded.
-	br := ds.Breaker()
-	var tk breaker.Ticket
-	haveTicket := false
-	if br != nil && br.State(now) == breaker.Open {
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			ds.CountRejected(metrics.ReasonCircuitOpen)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
-			return
-		}
-		haveTicket = true // it became half-open in between: this call is a probe
-	}
-	// giveBack returns a probe ticket taken above for a call that is not forwarded after all:
-	// the probe slot is freed and nothing is counted, so the breaker neither closes on a probe
-	// that never reached the downstream nor reopens because of our own rate or permit limits.
-	giveBack := func() {
-		if haveTicket {
-			tk.Cancel()
-		}
-	}
-	// 4. Rate.
-	if lim := ds.Limiter(); lim != nil {
-		wait, ok := lim.Reserve(now, cfg.AcquireTimeout)
-		if !ok {
-			giveBack()
-			ds.CountRejected(metrics.ReasonRateLimited)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.RateLimited, 0, now)
-			return
-		}
-		if wait > 0 && !sleep(r.Context(), wait) {
-			giveBack()
-			return // the app left
-		}
-	}
-	// 5. Permit, then 6, the ticket of a closed or half-open breaker.
-	if !ds.Sem.TryAcquire() {
-		remaining := cfg.AcquireTimeout - time.Since(start)
-		if ds.Effective() == 0 || remaining <= 0 {
-			giveBack()
-			ds.CountRejected(metrics.ReasonNoPermit)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), remaining)
-		err := ds.Sem.Acquire(ctx)
-		cancel()
-		if err != nil {
-			giveBack()
-			if r.Context().Err() != nil {
-				return // the app left
-			}
-			ds.CountRejected(metrics.ReasonNoPermit)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
-			return
-		}
-	}
-	if br != nil && !haveTicket {
-		now := h.clock.Now()
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			ds.Sem.Release()
-			ds.CountRejected(metrics.ReasonCircuitOpen)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
-			return
-		}
-	}
-	waited := time.Since(start)
-	ds.Metrics.AcquireWait.Observe(waited.Seconds())
-	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
-	// this process was frozen or starved between admitting the call and forwarding it: its lease
-	// may have passed meanwhile and the manager may have handed the permit to another pod, so the
-	// call is not sent late. The permit is returned unused.
-	if waited > 2*cfg.AcquireTimeout+stallSlack {
-		ds.Sem.Release()
-		if haveTicket || br != nil {
-			tk.Cancel()
-		}
+	case appLeft:
+		return
+	case stalled:
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, http.StatusServiceUnavailable, CodeStalled, "Agent stalled",
 			"the agent stalled after admitting the call; it was not forwarded", name)
 		return
 	}
+	tk := ad.ticket
 
 	// 7. Forward; 8, release and record, in the deferred function.
 	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
@@ -510,7 +423,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The upstream call is not cancelled when the app gives up: the downstream would keep working
 	// on it while the permit went to the next call, and its in-flight count would exceed ours.
 	// The permit is held until the downstream answered or RequestTimeout passed.
-	if h.up != nil && leanEligible(r, cfg.Upstream) {
+	if h.up != nil && h1.CanSend(r, cfg.Upstream) {
 		h.forwardLean(w, r, c) // the deadline is the connection's
 		return
 	}
@@ -579,7 +492,7 @@ func forwardedFor(in http.Header, remoteAddr string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	if prior := in["X-Forwarded-For"]; len(prior) > 0 && !namedInConnection(in, "X-Forwarded-For") {
+	if prior := in["X-Forwarded-For"]; len(prior) > 0 && !h1.NamedInConnection(in, "X-Forwarded-For") {
 		ip = strings.Join(prior, ", ") + ", " + ip
 	}
 	return ip, true
@@ -602,7 +515,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	// The ReverseProxy removed the forwarding headers; put back the app's.
 	in := pr.In.Header
 	for _, k := range forwardedHeaders {
-		if v, ok := in[k]; ok && !namedInConnection(in, k) {
+		if v, ok := in[k]; ok && !h1.NamedInConnection(in, k) {
 			out.Header[k] = v
 		}
 	}
@@ -697,14 +610,14 @@ func (c *call) fail(w http.ResponseWriter, err error) {
 		return
 	}
 	c.h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
-	var bad *badResponseError
+	var bad *h1.BadResponseError
 	if !errors.As(err, &bad) && strings.Contains(err.Error(), "server response headers exceeded") {
 		// http.Transport's error for a head over MaxResponseHeaderBytes (it has no type).
-		bad = &badResponseError{reason: "its head is larger than " + strconv.Itoa(maxResponseHeaderBytes>>20) + " MiB", err: err}
+		bad = &h1.BadResponseError{Reason: "its head is larger than " + strconv.Itoa(h1.MaxResponseHeaderBytes>>20) + " MiB", Err: err}
 	}
 	if bad != nil {
 		writeProblem(w, http.StatusBadGateway, CodeUpstreamBadResponse, "Bad upstream response",
-			"the downstream's answer is not valid HTTP/1.1: "+bad.reason, c.cfg.Name)
+			"the downstream's answer is not valid HTTP/1.1: "+bad.Reason, c.cfg.Name)
 		return
 	}
 	writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable",
@@ -744,29 +657,12 @@ func upstreamError(err error) string {
 }
 
 // splitPath splits "/<name>/<rest>" into name and "/<rest>" (rest is "" for "/<name>").
-// namedInConnection reports whether the Connection field names k (a hop-by-hop field then).
-func namedInConnection(h http.Header, k string) bool {
-	vv := h["Connection"]
-	return len(vv) > 0 && httpguts.HeaderValuesContainsToken(vv, k)
-}
-
 func splitPath(p string) (name, rest string) {
 	p = strings.TrimPrefix(p, "/")
 	if i := strings.IndexByte(p, '/'); i >= 0 {
 		return p[:i], p[i:]
 	}
 	return p, ""
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 type noRetryBody struct{}
@@ -779,11 +675,4 @@ func quote(s string) string {
 		s = s[:64] + "…"
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
-}
-
-func selectSwitch(t *enforce.Table, name string, r *http.Request, now time.Time) *degrade.Switch {
-	if len(t.Switches) == 0 {
-		return nil
-	}
-	return degrade.Select(t.Switches, name, degrade.RequestView{Method: r.Method, Header: r.Header, Rand: rand.Uint32}, now)
 }

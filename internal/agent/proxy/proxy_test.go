@@ -19,6 +19,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -77,7 +78,7 @@ type testServer struct{ URL string }
 // TestSuiteUnderNetHTTP): the Handler must work under both.
 var underNetHTTP bool
 
-// serveAgent serves h on 127.0.0.1 as the agent binary does, with Server, or with
+// serveAgent serves h on 127.0.0.1 as the agent binary does, with h1.Server, or with
 // httptest.Server when underNetHTTP.
 func serveAgent(t *testing.T, h http.Handler) testServer {
 	t.Helper()
@@ -90,7 +91,7 @@ func serveAgent(t *testing.T, h http.Handler) testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
+	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -769,7 +770,7 @@ func TestGracefulDrain(t *testing.T) {
 	var srv interface {
 		Serve(net.Listener) error
 		Shutdown(context.Context) error
-	} = &Server{Handler: h, Logger: quietLogger()}
+	} = &h1.Server{Refusal: Refusal, Handler: h, Logger: quietLogger()}
 	if underNetHTTP {
 		srv = &http.Server{Handler: h}
 	}
