@@ -56,7 +56,7 @@ type Config struct {
 	CacheStale bool
 	// Recovery is the ramp and adaptive limit inside the permits; nil: neither.
 	Recovery *recovery.Config
-	// MaxWaiting bounds the calls waiting for a permit (negative: no bound).
+	// MaxWaiting bounds the calls waiting for a permit (from the wire, or the permits, at least 1).
 	MaxWaiting int
 	// DeadlineHeader names the header that tells the upstream what is left of the call's
 	// time; "" for none.
@@ -96,8 +96,8 @@ type Downstream struct {
 	limitMu sync.Mutex
 	base    int
 
-	requests, upstream429 atomic.Int64
-	rejected              [6]atomic.Int64 // by metrics.Reason*
+	requests, upstream429, abandoned atomic.Int64
+	rejected                         [6]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.
@@ -123,6 +123,12 @@ func (d *Downstream) CountRequest(now time.Time) {
 func (d *Downstream) CountRejected(reason int) {
 	d.rejected[reason].Add(1)
 	d.Metrics.Rejected[reason].Inc()
+}
+
+// CountAbandoned counts a call abandoned at its deadline whose permit is held for AbandonedHold.
+func (d *Downstream) CountAbandoned() {
+	d.abandoned.Add(1)
+	d.Metrics.Abandoned.Inc()
 }
 
 // CountUpstream429 counts an upstream 429.
@@ -300,7 +306,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 			c.Breaker = &bc
 		}
 		c.Recovery = convertRecovery(d.Recovery, c.Breaker)
-		c.MaxWaiting = -1 // TODO(#16): max(c.Permits, 1) once the proxy answers queue-full
+		c.MaxWaiting = max(c.Permits, 1) // the default: as many waiting as may be in flight
 		if d.MaxWaiting != nil {
 			c.MaxWaiting = int(*d.MaxWaiting)
 		}

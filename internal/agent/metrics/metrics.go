@@ -21,6 +21,8 @@
 //	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
 //	                                             connection error)
 //	upstream_429_total                           upstream 429s passed through
+//	abandoned_calls_total                        calls abandoned at their deadline whose permit
+//	                                             was held for abandonedHold
 //	upstream_duration_seconds                    histogram, to the response header (or error)
 //	acquire_wait_seconds                         histogram, rate wait + permit wait of forwarded calls
 //	breaker_state                                gauge 0 closed, 1 open, 2 half-open
@@ -118,6 +120,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	requests, upstream429         *prometheus.CounterVec
+	abandoned                     *prometheus.CounterVec
 	rejected, fallback, upstream  *prometheus.CounterVec
 	transitions                   *prometheus.CounterVec
 	rejectedPushes                *prometheus.CounterVec
@@ -142,6 +145,7 @@ func New() *Metrics {
 	m.fallback = cv("fallback_total", "Fallback answers given instead of the downstream's, by action.", "action")
 	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
 	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
+	m.abandoned = cv("abandoned_calls_total", "Calls abandoned at their deadline whose permit was held for abandonedHold after the upstream connection closed.")
 	m.transitions = cv("breaker_transitions_total", "Circuit breaker state transitions.", "from", "to")
 	m.rejectedPushes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_pushes_total",
 		Help: "Control requests (pushes and state reads) refused by authentication, by reason."}, []string{"reason"})
@@ -188,6 +192,7 @@ type Downstream struct {
 	Fallback         [3]prometheus.Counter // by Action*
 	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
+	Abandoned        prometheus.Counter
 	UpstreamDuration prometheus.Observer
 	AcquireWait      prometheus.Observer
 	// Peak counts calls per second for peak_rps_last_minute.
@@ -205,6 +210,7 @@ func (m *Metrics) Downstream(name string) *Downstream {
 		m:                m,
 		Requests:         m.requests.WithLabelValues(name),
 		Upstream429:      m.upstream429.WithLabelValues(name),
+		Abandoned:        m.abandoned.WithLabelValues(name),
 		UpstreamDuration: m.upstreamDuration.WithLabelValues(name),
 		AcquireWait:      m.acquireWait.WithLabelValues(name),
 	}
@@ -228,7 +234,7 @@ func (d *Downstream) Transition(from, to string) {
 // Forget deletes every series of a downstream that left the configuration.
 func (m *Metrics) Forget(name string) {
 	l := prometheus.Labels{"downstream": name}
-	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.transitions} {
+	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions} {
 		v.DeletePartialMatch(l)
 	}
 	m.upstreamDuration.DeletePartialMatch(l)

@@ -2,16 +2,19 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"net/http"
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/agent/semaphore"
 )
 
 // verdict is what the admission pipeline made of a call.
@@ -46,13 +49,17 @@ type admission struct {
 }
 
 // admit runs a call to ds, whose configuration is cfg, through the admission pipeline, steps 2 to 6 of the package doc, in
-// this order: a degrade switch of t that matches req refuses (reason degraded, its action); an
+// this order: a degrade switch of t that matches req refuses (reason degraded, its action,
+// Retry-After the time until the switch expires when that is within maxDegradeRetryAfter); an
 // open breaker refuses (circuit-open, Retry-After the time left until it admits probes) before a
-// rate token or a permit is taken; no rate token within AcquireTimeout refuses (rate-limited);
-// no permit within what is left of AcquireTimeout, or at once when the effective limit is 0,
-// refuses (no-permit); then a closed or half-open breaker is asked for the call's ticket, with
-// the permit held, and a half-open one whose probe slots are all taken refuses (circuit-open, no
-// Retry-After) after the permit was released. A probe ticket taken early (the breaker turned
+// rate token or a permit is taken; no rate token within the wait allowed refuses (rate-limited,
+// Retry-After when the limiter's next token accrues); no permit within what is left of the wait
+// allowed, or at once when the effective limit is 0, refuses (no-permit), and a call that would
+// wait while MaxWaiting calls already wait is refused at once (queue-full); then a closed or
+// half-open breaker is asked for the call's ticket, with the permit held, and a half-open one
+// whose probe slots are all taken refuses (circuit-open, no Retry-After) after the permit was
+// released. The wait allowed is AcquireTimeout, or what is left of the app's budget when that is
+// less: a call never waits for a token or a permit beyond the deadline its app stated. A probe ticket taken early (the breaker turned
 // half-open between the two looks) is given back, unused and uncounted, when the call is
 // refused or the app leaves later on.
 //
@@ -60,16 +67,22 @@ type admission struct {
 // counted (requests, and rejections by reason) and the time it took to admit is observed
 // (acquire wait); a call admitted more than 2×AcquireTimeout+stallSlack after it arrived is
 // stalled, its permit released and its ticket cancelled.
-func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView) admission {
+func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView, budget deadline.Budget) admission {
 	now := clk.Now()
 	start := time.Now()
 	ds.CountRequest(now)
+	// The wait allowed for a token and a permit together.
+	maxWait := max(budget.Left(start, cfg.AcquireTimeout), 0)
 
 	// 2. Degrade switches (1, unknown downstream, is the caller's).
 	if len(t.Switches) > 0 {
 		if sw := degrade.Select(t.Switches, ds.Name, req, now); sw != nil {
 			ds.CountRejected(metrics.ReasonDegraded)
-			return admission{verdict: refused, reason: fallback.Degraded, action: &sw.Action, at: now}
+			var retry time.Duration
+			if left := sw.ExpiresAt.Sub(now); left <= maxDegradeRetryAfter {
+				retry = left
+			}
+			return admission{verdict: refused, reason: fallback.Degraded, action: &sw.Action, retryAfter: retry, at: now}
 		}
 	}
 	refuse := func(reason fallback.Reason, metric int, retryAfter time.Duration, at time.Time) admission {
@@ -101,19 +114,22 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 	}
 	// 4. Rate.
 	if lim := ds.Limiter(); lim != nil {
-		wait, ok := lim.Reserve(now, cfg.AcquireTimeout)
+		wait, ok := lim.Reserve(now, maxWait)
 		if !ok {
 			giveBack()
-			return refuse(fallback.RateLimited, metrics.ReasonRateLimited, 0, now)
+			// wait is when the limiter's next token accrues: the earliest a retry can pass it.
+			return refuse(fallback.RateLimited, metrics.ReasonRateLimited, wait, now)
 		}
 		if wait > 0 && !sleep(ctx, wait) {
 			giveBack()
 			return admission{verdict: appLeft}
 		}
 	}
-	// 5. Permit, then 6, the ticket of a closed or half-open breaker.
+	// 5. Permit, then 6, the ticket of a closed or half-open breaker. The recovery limit (a ramp,
+	// an adaptive limit) changes when a window ends: put it in force first.
+	ds.Tick()
 	if !ds.Sem.TryAcquire() {
-		remaining := cfg.AcquireTimeout - time.Since(start)
+		remaining := maxWait - time.Since(start)
 		if ds.Effective() == 0 || remaining <= 0 {
 			giveBack()
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
@@ -123,7 +139,10 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 		cancel()
 		if err != nil {
 			giveBack()
-			if ctx.Err() != nil {
+			switch {
+			case errors.Is(err, semaphore.ErrQueueFull):
+				return refuse(fallback.QueueFull, metrics.ReasonQueueFull, 0, clk.Now())
+			case ctx.Err() != nil:
 				return admission{verdict: appLeft}
 			}
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
@@ -158,6 +177,11 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 func requestView(r *http.Request) degrade.RequestView {
 	return degrade.RequestView{Method: r.Method, Header: r.Header, Rand: rand.Uint32}
 }
+
+// maxDegradeRetryAfter: a degrade switch that expires within this long gives its expiry as
+// Retry-After; one that holds longer gives none, for a retry that far off is no advice a caller
+// can act on (and the switch may well be lifted or extended before).
+const maxDegradeRetryAfter = time.Minute
 
 // stallSlack is added to twice the acquire timeout before a call admitted that long ago counts
 // as stalled rather than slow to schedule.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
@@ -38,8 +39,13 @@ func (r *admitRig) ds() *enforce.Downstream { return r.enf.Table().Lookup("d") }
 
 // admit runs one call through the pipeline as ServeHTTP does.
 func (r *admitRig) admit(ctx context.Context, method string) admission {
+	return r.admitWithin(ctx, method, deadline.Budget{})
+}
+
+// admitWithin runs one call with the app's budget b.
+func (r *admitRig) admitWithin(ctx context.Context, method string, b deadline.Budget) admission {
 	ds := r.ds()
-	return admit(ctx, r.clk, r.enf.Table(), ds, ds.Config(), degrade.RequestView{Method: method, Header: http.Header{}, Rand: func() uint32 { return 0 }})
+	return admit(ctx, r.clk, r.enf.Table(), ds, ds.Config(), degrade.RequestView{Method: method, Header: http.Header{}, Rand: func() uint32 { return 0 }}, b)
 }
 
 func (r *admitRig) rejected(t *testing.T, reason string) float64 {
@@ -84,7 +90,7 @@ func TestAdmitDegradeSwitch(t *testing.T) {
 	r := newAdmitRig(t, sw, d)
 	r.openBreaker(t, 2)
 	ad := r.admit(context.Background(), http.MethodGet)
-	wantRefused(t, ad, fallback.Degraded, 0)
+	wantRefused(t, ad, fallback.Degraded, time.Minute) // the switch expires within maxDegradeRetryAfter
 	if ad.action.Action != fallback.Static || ad.at != t0 {
 		t.Fatalf("degraded with %+v at %v, want the switch's Static at %v", ad.action, ad.at, t0)
 	}
@@ -118,7 +124,8 @@ func TestAdmitOpenBreakerTakesNoTokenNorPermit(t *testing.T) {
 	}
 }
 
-// 4. No rate token within AcquireTimeout: rate-limited, no permit taken.
+// 4. No rate token within AcquireTimeout: rate-limited, no permit taken, and Retry-After when the
+// limiter's next token accrues.
 func TestAdmitRateLimited(t *testing.T) {
 	d := admitDownstream(4)
 	d.Rate = &assignment.Rate{PerSecond: 1, Burst: 1, Mode: assignment.ModeTokenBucket}
@@ -126,9 +133,11 @@ func TestAdmitRateLimited(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("first call = %+v", ad)
 	}
-	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.RateLimited, 0)
-	if r.inFlight() != 1 || r.rejected(t, "rate-limited") != 1 {
-		t.Fatalf("in flight %d (want the first call's 1), rejected{rate-limited} %v", r.inFlight(), r.rejected(t, "rate-limited"))
+	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.RateLimited, time.Second)
+	r.clk.Advance(700 * time.Millisecond)
+	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.RateLimited, 300*time.Millisecond)
+	if r.inFlight() != 1 || r.rejected(t, "rate-limited") != 2 {
+		t.Fatalf("in flight %d (want the first call's 1), rejected{rate-limited} %v (want 2)", r.inFlight(), r.rejected(t, "rate-limited"))
 	}
 }
 
@@ -194,4 +203,82 @@ func TestAdmitAppLeavesWhileWaiting(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("next probe = %+v, want admitted: the abandoned call's probe slot was given back", ad)
 	}
+}
+
+// A degrade switch that holds longer than maxDegradeRetryAfter gives no Retry-After: no advice a
+// caller could act on.
+func TestAdmitDegradeSwitchFarExpiry(t *testing.T) {
+	sw := []assignment.Switch{{Name: "ns/pause", Downstream: "d", ExpiresAt: t0.Add(time.Hour), Percent: 100,
+		Action: assignment.Fallback{Action: assignment.ActionReject}}}
+	r := newAdmitRig(t, sw, admitDownstream(4))
+	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.Degraded, 0)
+	r.clk.Advance(time.Hour - 20*time.Second)
+	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.Degraded, 20*time.Second)
+}
+
+// A call that would wait for a permit while MaxWaiting calls already wait is refused at once
+// (queue-full); with room in the queue it waits as before.
+func TestAdmitQueueFull(t *testing.T) {
+	d := admitDownstream(1)
+	d.AcquireTimeout = assignment.Duration(5 * time.Second)
+	one := int32(1)
+	d.MaxWaiting = &one
+	r := newAdmitRig(t, nil, d)
+	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
+		t.Fatalf("first call = %+v", ad)
+	}
+	done := make(chan admission)
+	go func() { done <- r.admit(context.Background(), http.MethodGet) }()
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 })
+	start := time.Now()
+	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.QueueFull, 0)
+	if took := time.Since(start); took >= 5*time.Second {
+		t.Fatalf("queue-full after %v: not at once", took)
+	}
+	if r.rejected(t, "queue-full") != 1 {
+		t.Fatalf("rejected{queue-full} %v", r.rejected(t, "queue-full"))
+	}
+	r.ds().Sem.Release()
+	if ad := <-done; ad.verdict != admitted {
+		t.Fatalf("the waiter = %+v, want admitted", ad)
+	}
+}
+
+// The default bound on waiters is the pod's permits.
+func TestAdmitQueueDefaultsToPermits(t *testing.T) {
+	r := newAdmitRig(t, nil, admitDownstream(3))
+	if got := r.ds().Sem.MaxWaiting(); got != 3 {
+		t.Fatalf("max waiting %d, want the permits 3", got)
+	}
+}
+
+// The app's budget bounds the wait for a permit and for a token: never beyond it.
+func TestAdmitWaitsNoLongerThanTheBudget(t *testing.T) {
+	d := admitDownstream(1)
+	d.AcquireTimeout = assignment.Duration(5 * time.Second)
+	r := newAdmitRig(t, nil, d)
+	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
+		t.Fatalf("first call = %+v", ad)
+	}
+	start := time.Now()
+	ad := r.admitWithin(context.Background(), http.MethodGet, deadline.New(start, 50*time.Millisecond, true))
+	took := time.Since(start)
+	wantRefused(t, ad, fallback.NoPermit, 0)
+	if took < 40*time.Millisecond || took >= 5*time.Second {
+		t.Fatalf("refused after %v, want about the 50ms budget, well before the 5s acquire timeout", took)
+	}
+	// A budget already spent: no wait at all.
+	ad = r.admitWithin(context.Background(), http.MethodGet, deadline.New(start, time.Nanosecond, true))
+	wantRefused(t, ad, fallback.NoPermit, 0)
+
+	// Rate: a token 1s away is not waited for with a 100ms budget, though the acquire timeout
+	// would allow it.
+	d = admitDownstream(4)
+	d.AcquireTimeout = assignment.Duration(5 * time.Second)
+	d.Rate = &assignment.Rate{PerSecond: 1, Burst: 1, Mode: assignment.ModeTokenBucket}
+	r = newAdmitRig(t, nil, d)
+	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
+		t.Fatalf("first call = %+v", ad)
+	}
+	wantRefused(t, r.admitWithin(context.Background(), http.MethodGet, deadline.New(time.Now(), 100*time.Millisecond, true)), fallback.RateLimited, time.Second)
 }

@@ -35,6 +35,9 @@ const (
 	CodeRequestTimeout = "APPORTION_REQUEST_TIMEOUT" // 408
 	// CONNECT: the agent is not a forward proxy.
 	CodeMethodNotAllowed = "APPORTION_METHOD_NOT_ALLOWED" // 405
+	// The app's own deadline (X-Apportion-Timeout, grpc-timeout) passed before the call could be
+	// forwarded.
+	CodeDeadlineExceeded = "APPORTION_DEADLINE_EXCEEDED" // 504
 )
 
 // answerFallback answers a call that is not forwarded, with fc (the downstream's fallback or a

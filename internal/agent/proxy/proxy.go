@@ -82,6 +82,7 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
+	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/h1"
@@ -184,7 +185,9 @@ type call struct {
 	// and with that deadline, for the ReverseProxy path only (the lean client puts the
 	// deadline on its connection: no timer per call).
 	deadline time.Time
-	ctx      context.Context
+	// byApp: the deadline is the app's (its budget ended before requestTimeout would have).
+	byApp bool
+	ctx   context.Context
 
 	sent    time.Time
 	took    time.Duration
@@ -371,8 +374,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ds := t.Lookup(name)
 	if ds == nil && !h.enf.Ready() {
 		// No assignment yet (or shutting down): the downstream may well exist, it is just not
-		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404.
-		w.Header().Set("Retry-After", "1")
+		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404, and no
+		// Retry-After: when the manager's first push comes is not known here.
 		writeRefusal(w, http.StatusServiceUnavailable, CodeNotConfigured, "Agent not configured",
 			"the agent has no assignment from the manager yet; no call is forwarded until it has one", name)
 		return
@@ -384,9 +387,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"no downstream called "+quote(name)+" is configured for this pod (no DownstreamQuota of that name lists its workload, or it was deleted); call http://127.0.0.1:PORT/<downstream>/<path>", name)
 		return
 	}
+	// The app's own deadline, if it stated one (package deadline).
+	arrived := time.Now()
+	var budget deadline.Budget
+	if len(r.Header) > 0 {
+		d, ok, err := deadline.Parse(r.Header)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, CodeBadRequest, "Bad request", err.Error(), name)
+			return
+		}
+		budget = deadline.New(arrived, d, ok)
+	}
 	// 2 to 6: admission.
 	cfg := ds.Config()
-	ad := admit(r.Context(), h.clock, t, ds, cfg, requestView(r))
+	ad := admit(r.Context(), h.clock, t, ds, cfg, requestView(r), budget)
 	switch ad.verdict {
 	case refused:
 		h.answerFallback(w, r, ds, ad.action, ad.reason, ad.retryAfter, ad.at)
@@ -394,22 +408,40 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case appLeft:
 		return
 	case stalled:
-		w.Header().Set("Retry-After", "1")
+		// No Retry-After: nothing is known about when the agent runs normally again.
 		writeProblem(w, http.StatusServiceUnavailable, CodeStalled, "Agent stalled",
 			"the agent stalled after admitting the call; it was not forwarded", name)
 		return
 	}
 	tk := ad.ticket
 
-	// 7. Forward; 8, release and record, in the deferred function.
-	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
+	// 7. Forward; 8, release and record, in the deferred function. The upstream gets what is left
+	// of the app's budget, if that is less than requestTimeout.
+	now := time.Now()
+	dl, byApp := budget.Upstream(now, cfg.RequestTimeout)
+	if byApp && !dl.After(now) {
+		// The app's deadline passed while the call waited: nobody is waiting for its answer.
+		ds.Sem.Release()
+		tk.Cancel()
+		ds.CountRejected(metrics.ReasonDeadline)
+		writeProblem(w, http.StatusGatewayTimeout, CodeDeadlineExceeded, "Deadline exceeded",
+			"the call's own deadline passed before it could be forwarded", name)
+		return
+	}
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: dl, byApp: byApp}
+	if budget.Set() {
+		passDeadline(r, dl.Sub(now))
+	}
+	if cfg.DeadlineHeader != "" {
+		r.Header.Set(cfg.DeadlineHeader, deadline.Format(cfg.DeadlineHeader, dl.Sub(now)))
+	}
 	// The app's side is bounded by the call's deadline too: reading its request body and
 	// writing the answer hold the permit, and an app that stops sending or reading must not
 	// hold it past requestTimeout (see appDeadlines).
 	c.appDeadlines(w, r)
 	defer func() {
 		c.clearDeadlines()
-		ds.Sem.Release()
+		c.release()
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
@@ -431,6 +463,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	c.ctx = ctx
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
+}
+
+// passDeadline rewrites the app's deadline headers for the upstream: X-Apportion-Timeout is the
+// agent's and is not passed on; grpc-timeout, when the app sent one, says what is left (passing
+// the app's own on would promise the upstream more time than there is).
+func passDeadline(r *http.Request, left time.Duration) {
+	delete(r.Header, deadline.Header)
+	if _, ok := r.Header[deadline.GRPCHeader]; ok {
+		r.Header.Set(deadline.GRPCHeader, deadline.FormatGRPC(left))
+	}
+}
+
+// release gives the call's permit back, at once for a call that ended, or AbandonedHold after
+// its upstream connection was closed for a call abandoned at its deadline (no answer, or a body
+// cut by the deadline): the downstream may still be working on it, and a permit is a promise
+// about the downstream's work, not about our wait. Until then the call stays in the in-flight
+// count the agent reports, and the manager's ledger counts it. Both clients have closed the
+// upstream connection of a timed-out call by the time this runs.
+func (c *call) release() {
+	hold := c.cfg.AbandonedHold
+	if hold <= 0 || !(isTimeout(c.err) || isTimeout(c.bodyErr)) || c.appFault {
+		c.ds.Sem.Release()
+		return
+	}
+	c.ds.CountAbandoned()
+	c.h.clock.AfterFunc(hold, c.ds.Sem.Release)
 }
 
 // finish records the outcome; it runs even when the answer to the app is aborted.
@@ -455,6 +513,7 @@ func (c *call) finish(tk breaker.Ticket) {
 	c.ds.Metrics.Upstream[class].Inc()
 	c.ds.Metrics.UpstreamDuration.Observe(c.took.Seconds())
 	tk.Done(c.h.clock.Now(), failed, c.took)
+	c.ds.Observe(c.took, failed) // the recovery windows judge the same outcome
 }
 
 // upstreamTarget returns the escaped path and the query of the upstream request: the
@@ -605,8 +664,11 @@ func (c *call) fail(w http.ResponseWriter, err error) {
 	}
 	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(c.deadline) {
-		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout",
-			"the downstream did not answer within its requestTimeout of "+c.cfg.RequestTimeout.String(), c.cfg.Name)
+		detail := "the downstream did not answer within its requestTimeout of " + c.cfg.RequestTimeout.String()
+		if c.byApp {
+			detail = "the downstream did not answer within the call's own deadline"
+		}
+		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout", detail, c.cfg.Name)
 		return
 	}
 	c.h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
