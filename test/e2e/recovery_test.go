@@ -38,7 +38,7 @@ type fragile struct {
 	// the calls that failed then.
 	recExcess, recFailed atomic.Int64
 	ok, failed           atomic.Int64
-	srv                     *http.Server
+	srv                  *http.Server
 }
 
 func startFragile(t *testing.T, full int64, latency, down, rise time.Duration) *fragile {
