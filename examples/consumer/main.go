@@ -49,9 +49,11 @@ func main() {
 	reg := prometheus.NewRegistry()
 	c := &Consumer{
 		Queue: q, Client: &http.Client{Timeout: 30 * time.Second}, URL: *url, MaxAttempts: *attempts,
-		Backoff:    Backoff{Base: *base, Max: *maxB, Rand: rand.Float64},
-		DeadLetter: func(m Message, reason string) { log.Warn("dead-lettered", "id", m.ID, "attempts", m.Attempt, "reason", reason) },
-		Clock:      clk, Metrics: NewMetrics(reg),
+		Backoff: Backoff{Base: *base, Max: *maxB, Rand: rand.Float64},
+		DeadLetter: func(m Message, reason string) {
+			log.Warn("dead-lettered", "id", m.ID, "attempts", m.Attempt, "reason", reason)
+		},
+		Clock: clk, Metrics: NewMetrics(reg),
 	}
 	for ctx.Err() == nil {
 		c.Drain(ctx)
