@@ -97,19 +97,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Drain handles every message due now and returns how many it handled. Call it when the queue
-// signals a message, or on a timer.
-func (c *Consumer) Drain(ctx context.Context) int {
-	n := 0
+// Drain handles every message due now. Call it when the queue signals a message, or on a timer.
+func (c *Consumer) Drain(ctx context.Context) {
 	for ctx.Err() == nil {
 		m, ok := c.Queue.Receive()
 		if !ok {
-			break
+			return
 		}
 		c.Handle(ctx, m)
-		n++
 	}
-	return n
 }
 
 // Handle delivers one message and settles it: acknowledged, scheduled again or dead-lettered.

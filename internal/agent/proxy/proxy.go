@@ -483,7 +483,8 @@ func passDeadline(r *http.Request, left time.Duration) {
 // upstream connection of a timed-out call by the time this runs.
 func (c *call) release() {
 	hold := c.cfg.AbandonedHold
-	if hold <= 0 || !(isTimeout(c.err) || isTimeout(c.bodyErr)) || c.appFault {
+	abandoned := isTimeout(c.err) || isTimeout(c.bodyErr)
+	if hold <= 0 || !abandoned || c.appFault {
 		c.ds.Sem.Release()
 		return
 	}
