@@ -388,15 +388,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The app's own deadline, if it stated one (package deadline).
-	arrived := time.Now()
 	var budget deadline.Budget
-	if len(r.Header) > 0 {
-		d, ok, err := deadline.Parse(r.Header)
-		if err != nil {
-			writeProblem(w, http.StatusBadRequest, CodeBadRequest, "Bad request", err.Error(), name)
-			return
-		}
-		budget = deadline.New(arrived, d, ok)
+	if d, ok, err := deadline.Parse(r.Header); err != nil {
+		writeProblem(w, http.StatusBadRequest, CodeBadRequest, "Bad request", err.Error(), name)
+		return
+	} else if ok {
+		budget = deadline.New(time.Now(), d, true)
 	}
 	// 2 to 6: admission.
 	cfg := ds.Config()
