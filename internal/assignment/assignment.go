@@ -227,6 +227,10 @@ type DownstreamState struct {
 	// (lower after the lease expired).
 	Permits          int32 `json:"permits"`
 	EffectivePermits int32 `json:"effectivePermits"`
+	// Limit is the in-flight limit in force now: EffectivePermits, narrowed while the recovery
+	// ramp or the adaptive limit holds it lower. The agent widens it back up to
+	// EffectivePermits on its own, so what the manager counts is EffectivePermits, never Limit.
+	Limit int32 `json:"limit"`
 	// InFlight is the number of calls holding a permit now; Waiting is queued for one.
 	InFlight int32 `json:"inFlight"`
 	Waiting  int32 `json:"waiting"`

@@ -261,7 +261,7 @@ func runRecovery(t *testing.T, withRamp bool) recoveryRun {
 			if err != nil || len(st.Downstreams) != 1 {
 				return false
 			}
-			if s := st.Downstreams[0]; s.EffectivePermits != permits || s.Breaker != "closed" {
+			if s := st.Downstreams[0]; s.Limit != permits || s.Breaker != "closed" {
 				return false
 			}
 		}

@@ -109,8 +109,18 @@ func (d *Downstream) Limiter() *ratelimit.Limiter { return d.limiter.Load() }
 // Breaker is the circuit breaker, nil when the downstream has none.
 func (d *Downstream) Breaker() *breaker.Breaker { return d.breaker.Load() }
 
-// Effective is the effective in-flight limit.
+// Effective is the in-flight limit in force: Base, narrowed by the recovery ramp or the adaptive
+// limit.
 func (d *Downstream) Effective() int { return int(d.effective.Load()) }
+
+// Base is what the grant lets the pod use now: the permits, or the safe limit after the lease
+// passed. The recovery controller only ever narrows it, and widens back up to it on its own: the
+// manager must count Base, which State reports as EffectivePermits.
+func (d *Downstream) Base() int {
+	d.limitMu.Lock()
+	defer d.limitMu.Unlock()
+	return d.base
+}
 
 // CountRequest counts a call addressed to the downstream.
 func (d *Downstream) CountRequest(now time.Time) {
@@ -251,7 +261,8 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 	ds := assignment.DownstreamState{
 		Name:             d.Name,
 		Permits:          int32(cfg.Permits),
-		EffectivePermits: int32(d.Effective()),
+		EffectivePermits: int32(d.Base()),
+		Limit:            int32(d.Effective()),
 		InFlight:         int32(st.InFlight),
 		Waiting:          int32(st.Waiting),
 		Requests:         d.requests.Load(),
