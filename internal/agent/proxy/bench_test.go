@@ -317,8 +317,19 @@ func benchRawUpstream(b *testing.B) string {
 // Handler, lean client) from a raw keep-alive client to a raw upstream: the agent's own time
 // and allocations per call, network included.
 func BenchmarkServeLean(b *testing.B) {
+	serveLean(b, nil, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+}
+
+// BenchmarkServeLeanRecovery is BenchmarkServeLean with withRecoveryAndDeadline and the app's
+// deadline on every call: what the ramp, the adaptive limit and the deadline checks add to one
+// call's time, set beside BenchmarkServeLean.
+func BenchmarkServeLeanRecovery(b *testing.B) {
+	serveLean(b, withRecoveryAndDeadline, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\nX-Apportion-Timeout: 5s\r\n\r\n")
+}
+
+func serveLean(b *testing.B, mut func(*assignment.Downstream), request string) {
 	up := benchRawUpstream(b)
-	enf := benchEnforcer(b, up, nil)
+	enf := benchEnforcer(b, up, mut)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -332,7 +343,7 @@ func BenchmarkServeLean(b *testing.B) {
 	}
 	defer c.Close()
 	br := bufio.NewReader(c)
-	req := []byte("GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+	req := []byte(request)
 	call := func() {
 		if _, err := c.Write(req); err != nil {
 			b.Fatal(err)
