@@ -35,6 +35,13 @@
 // Permits. The --bootstrap configuration is applied as epoch 0, generation 0, already on safe
 // defaults (as if its lease had expired), so that any manager push replaces it.
 //
+// Recovery. Within what the grant allows (the permits, or the safe limit after the lease passed:
+// the base, reported as EffectivePermits), a downstream with a recovery configuration narrows its
+// limit with package recovery: a ramp started when the downstream first gets permits, when its
+// breaker closes after half-open probes, and when a lapsed lease is renewed; and the adaptive
+// limit. The limit in force (reported as Limit) is min(base, the recovery limit); the recovery
+// controller widens it back up to the base on its own, so the manager counts the base.
+//
 // Readiness: Ready is true once an Assignment or the bootstrap was applied, until SetDraining.
 package enforce
 

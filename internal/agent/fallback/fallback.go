@@ -5,7 +5,7 @@
 // # Model
 //
 // Something stopped a call (the Reason: no permit, no rate token, an open
-// breaker, a degrade switch). The downstream's Config names the Action to
+// breaker, a degrade switch, a full waiters' queue). The downstream's Config names the Action to
 // take. Decide turns the two, plus the request's method and the cached
 // response for it, into a Decision; Render turns a Decision into a
 // Response; Write sends it. Decide and Render are pure.

@@ -11,20 +11,30 @@
 //
 // Every call, in this order:
 //
-//  1. Unknown downstream: 404 application/problem+json, code APPORTION_UNKNOWN_DOWNSTREAM.
-//  2. A degrade switch matches: its action answers (reason degraded).
+//  1. Unknown downstream: 404 application/problem+json, code APPORTION_UNKNOWN_DOWNSTREAM. A
+//     malformed deadline header (X-Apportion-Timeout, grpc-timeout: package deadline) is 400; a
+//     valid one starts the call's budget, which bounds every wait below and the upstream call.
+//  2. A degrade switch matches: its action answers (reason degraded; Retry-After the time until
+//     the switch expires, when that is within maxDegradeRetryAfter).
 //  3. The circuit breaker is open: the fallback answers (reason circuit-open, Retry-After =
 //     the time left until it admits probes), before a rate token or a permit is taken.
-//  4. No rate token within AcquireTimeout: the fallback answers (reason rate-limited).
-//  5. No permit within what is left of AcquireTimeout (at once when the effective limit is 0):
-//     the fallback answers (reason no-permit). Calls never queue at the downstream.
+//  4. No rate token within the wait allowed (AcquireTimeout, or what is left of the app's budget
+//     when less): the fallback answers (reason rate-limited, Retry-After when the limiter's next
+//     token accrues).
+//  5. No permit within what is left of the wait allowed (at once when the effective limit is 0):
+//     the fallback answers (reason no-permit); a call that would wait while MaxWaiting calls
+//     already wait is answered at once (reason queue-full). The effective limit is the permits
+//     narrowed by the recovery ramp and the adaptive limit (package recovery), put in force
+//     before the permit is asked for. Calls never queue at the downstream.
 //  6. A closed or half-open breaker is asked for the call's ticket only now, with the permit
 //     held, because a ticket cannot be handed back unused: a half-open probe slot must go to a
 //     call that is really forwarded. A half-open breaker whose probe slots are all taken
 //     refuses: the permit is released and the fallback answers (reason circuit-open, no
 //     Retry-After).
-//  7. Forwarded, with RequestTimeout as its deadline, holding the permit until the response
-//     body has been copied. The upstream's answer is passed through as is, 429 and its
+//  7. Forwarded, with the earlier of RequestTimeout and the app's budget as its deadline (a budget
+//     spent while waiting: 504 APPORTION_DEADLINE_EXCEEDED, not forwarded), what is left told to
+//     the upstream in DeadlineHeader (and grpc-timeout rewritten), holding the permit until the
+//     response body has been copied. The upstream's answer is passed through as is, 429 and its
 //     Retry-After included. Nothing is ever retried, not even by the HTTP transport (a call is
 //     sent once).
 //     - No response: 504 problem+json (code APPORTION_UPSTREAM_TIMEOUT) when RequestTimeout
@@ -37,7 +47,9 @@
 //     answer are bounded by the call's deadline (see call.appDeadlines).
 //     - The upstream fails after its header was passed on: the answer to the app is cut
 //     (the connection is aborted), the only honest signal left.
-//  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
+//  8. The permit is released — for a call abandoned at its deadline only AbandonedHold after its
+//     upstream connection was closed (see call.release) — and the breaker and the recovery
+//     windows record the outcome: a failure is a 5xx, a 429,
 //     no response (a timeout, a connection error, or the app giving up first: from its side
 //     the call failed) or a body that broke on the upstream's side; a slow call is one at or
 //     above the breaker's threshold, measured to the response header.
