@@ -239,6 +239,9 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	}
 	held, _ := json.Marshal(a)
 	// From here on nothing fails.
+	// A newer assignment that ends a lapsed lease restores the permits as a renewal does: through
+	// the recovery ramp.
+	restored := e.configured && e.leaseExpired && !bootstrap && end.After(now)
 	var created []string
 	for i, d := range a.Downstreams {
 		cfg := cfgs[i]
@@ -253,6 +256,9 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 			ds.setEffective(cfg.SafeLimit())
 		} else {
 			ds.setEffective(cfg.Permits)
+			if restored {
+				ds.StartRamp()
+			}
 		}
 		nt.byName[d.Name] = ds
 	}

@@ -124,6 +124,21 @@ func TestRampAfterLeaseRenewed(t *testing.T) {
 	if got := effective(t, e, "a"); got != 2 {
 		t.Fatalf("renewed: %d, want the ramp's start 2 (not the permits at once)", got)
 	}
+	// Lapsed again, then a newer assignment (not a renewal) ends it: a ramp too.
+	for range 4 {
+		healthyWindow(e, clk, "a", 10)
+	}
+	clk.Advance(10 * time.Second)
+	if got := effective(t, e, "a"); got != 4 {
+		t.Fatalf("lease passed: %d, want the safe default 4", got)
+	}
+	mustApply(t, e, asg(1, 2, 10*time.Second, withRamp(ds("a", 20, 4))))
+	if got := effective(t, e, "a"); got != 2 {
+		t.Fatalf("a newer assignment after the lease lapsed: %d, want the ramp's start 2", got)
+	}
+	if st := e.State().Downstreams[0]; st.EffectivePermits != 20 || st.Limit != 2 {
+		t.Fatalf("state %+v: want effectivePermits 20 (what the manager counts), limit 2", st)
+	}
 }
 
 // TestMaxWaitingFromTheWire: the bound on waiters reaches the semaphore.
