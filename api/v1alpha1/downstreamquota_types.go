@@ -143,6 +143,31 @@ type AgentPolicy struct {
 	// +kubebuilder:default=SafeDefault
 	// +optional
 	FailurePolicy FailurePolicy `json:"failurePolicy,omitempty"`
+	// recovery says how a pod's effective limit ramps back after an incident, and turns on
+	// adaptive concurrency; both stay inside the pod's permits. Default: the Linear ramp.
+	// +kubebuilder:default={}
+	// +optional
+	Recovery *Recovery `json:"recovery,omitempty"`
+	// maxWaiting bounds the calls of one pod waiting for a permit; a call beyond it is refused
+	// at once (reason queue-full). Default: the pod's permits.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	MaxWaiting *int32 `json:"maxWaiting,omitempty"`
+	// deadlineHeader, when set, names the header in which the agent tells the downstream what
+	// is left of the call's time: grpc-timeout's form when it is grpc-timeout, a Go duration
+	// ("250ms") otherwise.
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[-!#$%&'*+.^_|~0-9A-Za-z]+$`
+	// +kubebuilder:validation:XValidation:rule="!(self.lowerAscii() in ['host', 'content-length', 'transfer-encoding', 'connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect', 'x-forwarded-for', 'forwarded', 'x-apportion-timeout']) && !self.lowerAscii().startsWith('proxy-')",message="deadlineHeader names a field the agent or HTTP itself sets"
+	// +optional
+	DeadlineHeader string `json:"deadlineHeader,omitempty"`
+	// abandonedCallHold is how long a call that timed out keeps its permit (and its place in
+	// the in-flight count the manager's ledger sees) after its upstream connection was closed:
+	// the downstream may still be working on it. Default: the requestTimeout; 0s: no hold.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('10m')",message="abandonedCallHold must be between 0s and 10m"
+	// +optional
+	AbandonedCallHold *metav1.Duration `json:"abandonedCallHold,omitempty"`
 }
 
 // DownstreamQuotaSpec is one downstream's global contract and the workloads that share it.

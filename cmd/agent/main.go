@@ -49,6 +49,7 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/control"
 	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/agent/proxy"
 	"github.com/apportion/apportion/internal/agent/stall"
@@ -253,9 +254,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	stalls := watchStalls(log)
 	defer stalls.stop()
-	// The data plane runs on the proxy package's lean HTTP/1.1 server (see proxy.Server).
-	dataSrv := &proxy.Server{
+	// The data plane runs on the agent's own HTTP/1.1 server (see h1.Server); the requests it
+	// refuses itself get the data plane's problem+json (proxy.Refusal).
+	dataSrv := &h1.Server{
 		Handler:           proxy.New(proxy.Options{Enforcer: enf, StaleCacheBytes: cfg.staleCacheBytes, Logger: log}),
+		Refusal:           proxy.Refusal,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		Logger:            log,

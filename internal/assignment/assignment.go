@@ -69,6 +69,63 @@ type Downstream struct {
 	Breaker *Breaker `json:"breaker,omitempty"`
 	// Fallback is the answer when no permit, no token or an open breaker stops a call.
 	Fallback Fallback `json:"fallback"`
+	// Recovery narrows the effective limit inside Permits after an incident (a ramp) and,
+	// optionally, when the downstream's latency rises (adaptive concurrency); nil: neither,
+	// permits apply in one step.
+	Recovery *Recovery `json:"recovery,omitempty"`
+	// MaxWaiting bounds the calls waiting for a permit; a call beyond it is refused at once
+	// (reason queue-full). nil: the pod's Permits (at least 1).
+	MaxWaiting *int32 `json:"maxWaiting,omitempty"`
+	// DeadlineHeader, when set, names the header in which the upstream is told what is left of
+	// the call's time (grpc-timeout's form for grpc-timeout, a Go duration otherwise).
+	DeadlineHeader string `json:"deadlineHeader,omitempty"`
+	// AbandonedHold is how long a call that timed out keeps its permit after its upstream
+	// connection was closed, because the downstream may still be working on it. nil: the
+	// RequestTimeout; 0: no hold.
+	AbandonedHold *Duration `json:"abandonedHold,omitempty"`
+}
+
+// Ramp shapes as they travel.
+const (
+	ShapeLinear      = "Linear"
+	ShapeExponential = "Exponential"
+)
+
+// Recovery configures the agent's gradual recovery and adaptive concurrency (package
+// internal/agent/recovery has the model).
+type Recovery struct {
+	// Window is the length of the windows calls are judged in.
+	Window Duration `json:"window"`
+	// Ramp, when set, ramps the effective limit up after a breaker closes, a lapsed lease is
+	// renewed, or the downstream first gets permits.
+	Ramp *Ramp `json:"ramp,omitempty"`
+	// Adaptive, when set, shrinks the effective limit toward what the downstream takes when
+	// its latency rises.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+}
+
+// Ramp is the recovery ramp.
+type Ramp struct {
+	// Shape is "Linear" or "Exponential".
+	Shape string `json:"shape"`
+	// InitialPercent of the permits is where a ramp starts (1..100).
+	InitialPercent int32 `json:"initialPercent"`
+	// StepPercent of the permits is one Linear step (1..100).
+	StepPercent int32 `json:"stepPercent"`
+	// HealthyWindows in a row widen the limit by one step (1..100).
+	HealthyWindows int32 `json:"healthyWindows"`
+	// LatencyTarget, when set, is a mean latency a healthy window stays below.
+	LatencyTarget Duration `json:"latencyTarget,omitempty"`
+}
+
+// Adaptive is adaptive concurrency.
+type Adaptive struct {
+	// TolerancePercent of the baseline latency is where the limit starts shrinking (101..1000).
+	TolerancePercent int32 `json:"tolerancePercent"`
+	// BaselineWindows is the baseline's averaging length, in windows (2..10000).
+	BaselineWindows int32 `json:"baselineWindows"`
+	// MinLimit is the least the adaptive limit shrinks to (1..MaxPermits).
+	MinLimit int32 `json:"minLimit"`
 }
 
 // LapsedLimit is the in-flight limit a downstream falls back to once its lease lapsed without
@@ -188,6 +245,10 @@ type DownstreamState struct {
 	// (lower after the lease expired).
 	Permits          int32 `json:"permits"`
 	EffectivePermits int32 `json:"effectivePermits"`
+	// Limit is the in-flight limit in force now: EffectivePermits, narrowed while the recovery
+	// ramp or the adaptive limit holds it lower. The agent widens it back up to
+	// EffectivePermits on its own, so what the manager counts is EffectivePermits, never Limit.
+	Limit int32 `json:"limit"`
 	// InFlight is the number of calls holding a permit now; Waiting is queued for one.
 	InFlight int32 `json:"inFlight"`
 	Waiting  int32 `json:"waiting"`

@@ -62,6 +62,12 @@ func TestDecodeValid(t *testing.T) {
 					SlowCallRatePercent: 100, MinimumCalls: 20, OpenDuration: Duration(30 * time.Second), HalfOpenProbes: 3,
 				},
 				Fallback: Fallback{Action: ActionServeStale, MaxStaleness: Duration(5 * time.Minute), AllowedMethods: []string{"GET", "HEAD"}},
+				Recovery: &Recovery{
+					Window:   Duration(time.Second),
+					Ramp:     &Ramp{Shape: ShapeLinear, InitialPercent: 10, StepPercent: 10, HealthyWindows: 2, LatencyTarget: Duration(250 * time.Millisecond)},
+					Adaptive: &Adaptive{TolerancePercent: 150, BaselineWindows: 60, MinLimit: 1},
+				},
+				MaxWaiting: ptrTo[int32](6), DeadlineHeader: "X-Request-Timeout", AbandonedHold: ptrTo(Duration(0)),
 			},
 			{
 				Name: "geo", Upstream: "http://geo.default.svc.cluster.local", FailClosed: true,
@@ -138,6 +144,38 @@ func TestDecodeErrors(t *testing.T) {
 			"downstreams[0].breaker.openDuration: must be between 100ms and 1h",
 			"downstreams[0].breaker.halfOpenProbes: must be between 1 and 100",
 		}},
+		{name: "recovery ranges", body: mutate(t, func(m map[string]any) {
+			ds(m, 0)["recovery"] = map[string]any{"window": "10ms",
+				"ramp":     map[string]any{"shape": "Cubic", "initialPercent": 0, "stepPercent": 101, "healthyWindows": 0, "latencyTarget": "20m"},
+				"adaptive": map[string]any{"tolerancePercent": 100, "baselineWindows": 1, "minLimit": 0}}
+		}), want: []string{
+			"downstreams[0].recovery.window: must be between 100ms and 1m",
+			`downstreams[0].recovery.ramp.shape: must be "Linear" or "Exponential"`,
+			"downstreams[0].recovery.ramp.initialPercent: must be between 1 and 100",
+			"downstreams[0].recovery.ramp.stepPercent: must be between 1 and 100",
+			"downstreams[0].recovery.ramp.healthyWindows: must be between 1 and 100",
+			"downstreams[0].recovery.ramp.latencyTarget: must be between 1ms and 10m",
+			"downstreams[0].recovery.adaptive.tolerancePercent: must be between 101 and 1000",
+			"downstreams[0].recovery.adaptive.baselineWindows: must be between 2 and 10000",
+			"downstreams[0].recovery.adaptive.minLimit: must be between 1 and",
+		}},
+		{name: "recovery unknown field", body: mutate(t, func(m map[string]any) {
+			ds(m, 0)["recovery"] = map[string]any{"window": "1s", "ramp": map[string]any{"shape": "Linear", "initialPercent": 10, "stepPercent": 10, "healthyWindows": 2, "aggression": 1}}
+		}), want: []string{"downstreams[0].recovery.ramp.aggression: unknown field"}},
+		{name: "queue, deadline header, hold", body: mutate(t, func(m map[string]any) {
+			ds(m, 0)["maxWaiting"] = -1
+			ds(m, 0)["deadlineHeader"] = "Content-Length"
+			ds(m, 0)["abandonedHold"] = "11m"
+			ds(m, 1)["deadlineHeader"] = "x timeout"
+			ds(m, 1)["abandonedHold"] = "-1s"
+		}), want: []string{
+			"downstreams[0].maxWaiting: must be between 0 and",
+			`downstreams[0].deadlineHeader: "Content-Length" is a field the agent or HTTP itself sets`,
+			"downstreams[0].abandonedHold: must be between 0s and 10m",
+			"downstreams[1].deadlineHeader: must be an HTTP field name",
+			"downstreams[1].abandonedHold: must be between 0s and 10m",
+		}},
+		{name: "maxWaiting type", body: mutate(t, func(m map[string]any) { ds(m, 0)["maxWaiting"] = "3" }), want: []string{"downstreams[0].maxWaiting: must be a 32-bit integer"}},
 		{name: "fallback action", body: mutate(t, func(m map[string]any) { ds(m, 0)["fallback"] = map[string]any{"action": "Ignore"} }), want: []string{`downstreams[0].fallback.action: must be "Reject", "Static" or "ServeStale"`}},
 		{name: "static missing", body: mutate(t, func(m map[string]any) { ds(m, 1)["fallback"] = map[string]any{"action": "Static"} }), want: []string{"downstreams[1].fallback.static: is required when action is Static"}},
 		{name: "static status", body: mutate(t, func(m map[string]any) {
@@ -257,3 +295,5 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("round trip (-first +second):\n%s", diff)
 	}
 }
+
+func ptrTo[T any](v T) *T { return &v }

@@ -30,6 +30,16 @@ const (
 	MaxHalfOpenProbes       = 100
 	MinMaxStaleness         = time.Second
 	MaxMaxStaleness         = 24 * time.Hour
+	MinRecoveryWindow       = 100 * time.Millisecond
+	MaxRecoveryWindow       = time.Minute
+	MinLatencyTarget        = time.Millisecond
+	MaxLatencyTarget        = 10 * time.Minute
+	MaxHealthyWindows       = 100
+	MinTolerancePercent     = 101
+	MaxTolerancePercent     = 1000
+	MinBaselineWindows      = 2
+	MaxBaselineWindows      = 10000
+	MaxAbandonedHold        = 10 * time.Minute
 	MaxUpstreamLength       = 2048
 	MaxStaticHeaders        = 32
 	MaxStaticBody           = 65536
@@ -213,6 +223,39 @@ func (v *validator) downstream(p string, d *Downstream) {
 		v.intRange(bp+".halfOpenProbes", int64(b.HalfOpenProbes), 1, MaxHalfOpenProbes)
 	}
 	v.fallback(p+".fallback", &d.Fallback)
+	if r := d.Recovery; r != nil {
+		rp := p + ".recovery"
+		v.durRange(rp+".window", r.Window.D(), MinRecoveryWindow, MaxRecoveryWindow)
+		if rr := r.Ramp; rr != nil {
+			if rr.Shape != ShapeLinear && rr.Shape != ShapeExponential {
+				v.add(rp+".ramp.shape", fmt.Sprintf("must be %q or %q", ShapeLinear, ShapeExponential))
+			}
+			v.intRange(rp+".ramp.initialPercent", int64(rr.InitialPercent), 1, 100)
+			v.intRange(rp+".ramp.stepPercent", int64(rr.StepPercent), 1, 100)
+			v.intRange(rp+".ramp.healthyWindows", int64(rr.HealthyWindows), 1, MaxHealthyWindows)
+			if rr.LatencyTarget != 0 {
+				v.durRange(rp+".ramp.latencyTarget", rr.LatencyTarget.D(), MinLatencyTarget, MaxLatencyTarget)
+			}
+		}
+		if a := r.Adaptive; a != nil {
+			v.intRange(rp+".adaptive.tolerancePercent", int64(a.TolerancePercent), MinTolerancePercent, MaxTolerancePercent)
+			v.intRange(rp+".adaptive.baselineWindows", int64(a.BaselineWindows), MinBaselineWindows, MaxBaselineWindows)
+			v.intRange(rp+".adaptive.minLimit", int64(a.MinLimit), 1, MaxPermits)
+		}
+	}
+	if d.MaxWaiting != nil {
+		v.intRange(p+".maxWaiting", int64(*d.MaxWaiting), 0, MaxPermits)
+	}
+	if d.DeadlineHeader != "" {
+		if !IsHeaderName(d.DeadlineHeader) || len(d.DeadlineHeader) > MaxHeaderNameLength {
+			v.add(p+".deadlineHeader", "must be an HTTP field name (a token) of at most 256 characters")
+		} else if reservedHeader(d.DeadlineHeader) {
+			v.add(p+".deadlineHeader", fmt.Sprintf("%q is a field the agent or HTTP itself sets; name another", d.DeadlineHeader))
+		}
+	}
+	if d.AbandonedHold != nil {
+		v.durRange(p+".abandonedHold", d.AbandonedHold.D(), 0, MaxAbandonedHold)
+	}
 }
 
 func (v *validator) upstream(p, s string) {
@@ -344,6 +387,17 @@ func (v *validator) switch_(p string, s *Switch) {
 }
 
 // IsHeaderName reports whether s is an RFC 9110 token, as header names must be.
+// reservedHeader reports whether the deadline may not be written into field name: framing,
+// hop-by-hop and forwarding fields, and the app's own X-Apportion-Timeout (read by the agent).
+func reservedHeader(name string) bool {
+	switch strings.ToLower(name) {
+	case "host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
+		"upgrade", "expect", "x-forwarded-for", "forwarded", "x-apportion-timeout":
+		return true
+	}
+	return strings.HasPrefix(strings.ToLower(name), "proxy-")
+}
+
 func IsHeaderName(s string) bool {
 	if s == "" {
 		return false

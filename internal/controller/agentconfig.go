@@ -54,7 +54,63 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 			HalfOpenProbes:      int32Or(b.HalfOpenProbes, 3),
 		}
 	}
+	d.Recovery = recoveryFor(p.Recovery)
+	d.MaxWaiting = p.MaxWaiting
+	d.DeadlineHeader = p.DeadlineHeader
+	if p.AbandonedCallHold != nil {
+		h := assignment.Duration(max(p.AbandonedCallHold.Duration, 0))
+		d.AbandonedHold = &h
+	}
 	return d
+}
+
+// Recovery defaults, as the CRD's markers (for a spec written before the fields existed).
+const (
+	defaultRecoveryWindow  = time.Second
+	defaultInitialPercent  = 10
+	defaultStepPercent     = 10
+	defaultHealthyWindows  = 2
+	defaultTolerance       = 150
+	defaultBaselineWindows = 60
+)
+
+// recoveryFor converts the quota's recovery policy to the wire: the default Linear ramp when the
+// policy or its ramp is absent, none with shape Off; adaptive concurrency only when asked for.
+func recoveryFor(r *apportionv1.Recovery) *assignment.Recovery {
+	if r == nil {
+		r = &apportionv1.Recovery{}
+	}
+	out := &assignment.Recovery{Window: durOr(r.Window, defaultRecoveryWindow)}
+	ramp := r.Ramp
+	if ramp == nil {
+		ramp = &apportionv1.RecoveryRamp{}
+	}
+	if ramp.Shape != apportionv1.RampOff {
+		shape := string(ramp.Shape)
+		if shape == "" {
+			shape = string(apportionv1.RampLinear)
+		}
+		out.Ramp = &assignment.Ramp{
+			Shape:          shape,
+			InitialPercent: int32Or(ramp.InitialPercent, defaultInitialPercent),
+			StepPercent:    int32Or(ramp.StepPercent, defaultStepPercent),
+			HealthyWindows: int32Or(ramp.HealthyWindows, defaultHealthyWindows),
+		}
+		if ramp.LatencyTarget != nil && ramp.LatencyTarget.Duration > 0 {
+			out.Ramp.LatencyTarget = assignment.Duration(ramp.LatencyTarget.Duration)
+		}
+	}
+	if a := r.Adaptive; a != nil {
+		out.Adaptive = &assignment.Adaptive{
+			TolerancePercent: int32Or(a.TolerancePercent, defaultTolerance),
+			BaselineWindows:  int32Or(a.BaselineWindows, defaultBaselineWindows),
+			MinLimit:         int32Or(a.MinLimit, 1),
+		}
+	}
+	if out.Ramp == nil && out.Adaptive == nil {
+		return nil
+	}
+	return out
 }
 
 // fallbackFor converts the API's fallback (shared by DownstreamQuota and DegradeRule) to the wire.

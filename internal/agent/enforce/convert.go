@@ -9,6 +9,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/ratelimit"
+	"github.com/apportion/apportion/internal/agent/recovery"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -32,9 +33,35 @@ func convertBreaker(b assignment.Breaker) breaker.Config {
 	}
 }
 
+// convertRecovery is the recovery configuration of a downstream, nil without one. A window is
+// healthy under the breaker's thresholds (package recovery's defaults without a breaker).
+func convertRecovery(r *assignment.Recovery, b *breaker.Config) *recovery.Config {
+	if r == nil || (r.Ramp == nil && r.Adaptive == nil) {
+		return nil
+	}
+	c := &recovery.Config{Window: r.Window.D()}
+	if b != nil {
+		c.Health = recovery.Health{FailureRatePercent: b.FailureRatePercent, SlowCallThreshold: b.SlowCallThreshold, SlowCallRatePercent: b.SlowCallRatePercent}
+	}
+	if rr := r.Ramp; rr != nil {
+		c.Ramp = &recovery.RampConfig{Shape: recovery.Shape(rr.Shape), InitialPercent: int(rr.InitialPercent),
+			StepPercent: int(rr.StepPercent), HealthyWindows: int(rr.HealthyWindows)}
+		c.Health.LatencyTarget = rr.LatencyTarget.D()
+	}
+	if a := r.Adaptive; a != nil {
+		c.Adaptive = &recovery.AdaptiveConfig{TolerancePercent: int(a.TolerancePercent), BaselineWindows: int(a.BaselineWindows), MinLimit: int(a.MinLimit)}
+	}
+	return c
+}
+
 func (d *Downstream) newBreaker(cfg breaker.Config) *breaker.Breaker {
 	b := breaker.New(cfg)
-	b.SetOnTransition(func(from, to breaker.State) { d.Metrics.Transition(from.String(), to.String()) })
+	b.SetOnTransition(func(from, to breaker.State) {
+		d.Metrics.Transition(from.String(), to.String())
+		if from == breaker.HalfOpen && to == breaker.Closed {
+			d.StartRamp() // the downstream answered its probes: recover gradually
+		}
+	})
 	return b
 }
 

@@ -35,6 +35,13 @@
 // Permits. The --bootstrap configuration is applied as epoch 0, generation 0, already on safe
 // defaults (as if its lease had expired), so that any manager push replaces it.
 //
+// Recovery. Within what the grant allows (the permits, or the safe limit after the lease passed:
+// the base, reported as EffectivePermits), a downstream with a recovery configuration narrows its
+// limit with package recovery: a ramp started when the downstream first gets permits, when its
+// breaker closes after half-open probes, and when a lapsed lease is renewed; and the adaptive
+// limit. The limit in force (reported as Limit) is min(base, the recovery limit); the recovery
+// controller widens it back up to the base on its own, so the manager counts the base.
+//
 // Readiness: Ready is true once an Assignment or the bootstrap was applied, until SetDraining.
 package enforce
 
@@ -108,6 +115,12 @@ func New(o Options) *Enforcer {
 	o.Metrics.SetSource(e)
 	return e
 }
+
+// passive adapts the Enforcer's clock to the recovery controller's.
+type passive struct{ c clock.Clock }
+
+func (p passive) Now() time.Time                  { return p.c.Now() }
+func (p passive) Since(t time.Time) time.Duration { return p.c.Now().Sub(t) }
 
 // Clock is the Enforcer's clock.
 func (e *Enforcer) Clock() clock.Clock { return e.clock }
@@ -210,6 +223,7 @@ func (e *Enforcer) renewLocked(a *assignment.Assignment, now, end time.Time) {
 		e.leaseExpired = false
 		for _, ds := range e.table.Load().byName {
 			ds.setEffective(ds.Config().Permits)
+			ds.StartRamp() // back from the safe default: recover gradually
 		}
 		e.log.Info("lease renewed after it had expired; permits restored", "epoch", e.epoch, "generation", e.gen)
 	}
@@ -225,12 +239,15 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	}
 	held, _ := json.Marshal(a)
 	// From here on nothing fails.
+	// A newer assignment that ends a lapsed lease restores the permits as a renewal does: through
+	// the recovery ramp.
+	restored := e.configured && e.leaseExpired && !bootstrap && end.After(now)
 	var created []string
 	for i, d := range a.Downstreams {
 		cfg := cfgs[i]
 		ds := old.byName[d.Name]
 		if ds == nil {
-			ds = newDownstream(d.Name, cfg, e.metrics, now)
+			ds = newDownstream(d.Name, cfg, e.metrics, passive{e.clock}, now)
 			created = append(created, d.Name)
 		} else {
 			ds.reconfigure(cfg, now)
@@ -239,6 +256,9 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 			ds.setEffective(cfg.SafeLimit())
 		} else {
 			ds.setEffective(cfg.Permits)
+			if restored {
+				ds.StartRamp()
+			}
 		}
 		nt.byName[d.Name] = ds
 	}

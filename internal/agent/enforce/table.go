@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/agent/ratelimit"
+	"github.com/apportion/apportion/internal/agent/recovery"
 	"github.com/apportion/apportion/internal/agent/semaphore"
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -52,6 +54,16 @@ type Config struct {
 	// CacheStale is true when the fallback or a switch of this downstream serves stale
 	// responses: GET 2xx responses are then kept in the stale cache.
 	CacheStale bool
+	// Recovery is the ramp and adaptive limit inside the permits; nil: neither.
+	Recovery *recovery.Config
+	// MaxWaiting bounds the calls waiting for a permit (from the wire, or the permits, at least 1).
+	MaxWaiting int
+	// DeadlineHeader names the header that tells the upstream what is left of the call's
+	// time; "" for none.
+	DeadlineHeader string
+	// AbandonedHold is how long a call that timed out keeps its permit after its upstream
+	// connection closed.
+	AbandonedHold time.Duration
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
@@ -72,8 +84,17 @@ type Downstream struct {
 	breaker   atomic.Pointer[breaker.Breaker]
 	effective atomic.Int64
 
-	requests, upstream429 atomic.Int64
-	rejected              [4]atomic.Int64 // by metrics.Reason*
+	// The effective limit is min(base, the recovery controller's limit): base is the permits, or
+	// the safe limit after the lease passed; rc (nil: no recovery configured) narrows it while
+	// ramping or adapting. limitMu orders the updates of effective and Sem's limit, so that two
+	// goroutines refreshing at once cannot leave an older value in force.
+	clk     recovery.Clock
+	rc      atomic.Pointer[recovery.Controller]
+	limitMu sync.Mutex
+	base    int
+
+	requests, upstream429, abandoned atomic.Int64
+	rejected                         [6]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.
@@ -85,8 +106,18 @@ func (d *Downstream) Limiter() *ratelimit.Limiter { return d.limiter.Load() }
 // Breaker is the circuit breaker, nil when the downstream has none.
 func (d *Downstream) Breaker() *breaker.Breaker { return d.breaker.Load() }
 
-// Effective is the effective in-flight limit.
+// Effective is the in-flight limit in force: Base, narrowed by the recovery ramp or the adaptive
+// limit.
 func (d *Downstream) Effective() int { return int(d.effective.Load()) }
+
+// Base is what the grant lets the pod use now: the permits, or the safe limit after the lease
+// passed. The recovery controller only ever narrows it, and widens back up to it on its own: the
+// manager must count Base, which State reports as EffectivePermits.
+func (d *Downstream) Base() int {
+	d.limitMu.Lock()
+	defer d.limitMu.Unlock()
+	return d.base
+}
 
 // CountRequest counts a call addressed to the downstream.
 func (d *Downstream) CountRequest(now time.Time) {
@@ -101,19 +132,92 @@ func (d *Downstream) CountRejected(reason int) {
 	d.Metrics.Rejected[reason].Inc()
 }
 
+// CountAbandoned counts a call abandoned at its deadline whose permit is held for AbandonedHold.
+func (d *Downstream) CountAbandoned() {
+	d.abandoned.Add(1)
+	d.Metrics.Abandoned.Inc()
+}
+
 // CountUpstream429 counts an upstream 429.
 func (d *Downstream) CountUpstream429() {
 	d.upstream429.Add(1)
 	d.Metrics.Upstream429.Inc()
 }
 
+// setEffective sets the base limit (the permits, or the safe limit) to n. A base that rises from
+// 0 (the downstream's first permits) starts the recovery ramp.
 func (d *Downstream) setEffective(n int) {
-	d.effective.Store(int64(n))
-	d.Sem.SetLimit(n)
+	d.limitMu.Lock()
+	first := d.base == 0 && n > 0
+	d.base = n
+	if rc := d.rc.Load(); rc != nil {
+		rc.SetPermits(n)
+		if first {
+			rc.Start()
+		}
+	}
+	d.refreshLocked()
+	d.limitMu.Unlock()
 }
 
-func newDownstream(name string, cfg *Config, m *metrics.Metrics, now time.Time) *Downstream {
-	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name)}
+// refreshLocked puts min(base, the recovery limit) in force.
+func (d *Downstream) refreshLocked() {
+	n := d.base
+	if rc := d.rc.Load(); rc != nil {
+		n = min(n, rc.Limit())
+	}
+	if int64(n) != d.effective.Load() {
+		d.effective.Store(int64(n))
+		d.Sem.SetLimit(n)
+	}
+}
+
+// Tick puts in force a recovery limit that changed because a window ended. The data plane calls
+// it before admitting a call; it does nothing without recovery configured.
+func (d *Downstream) Tick() {
+	if d.rc.Load() == nil {
+		return
+	}
+	d.limitMu.Lock()
+	d.refreshLocked()
+	d.limitMu.Unlock()
+}
+
+// Observe counts a finished call in the recovery windows (failed and took as the breaker gets
+// them) and puts the resulting limit in force; without recovery configured it does nothing.
+func (d *Downstream) Observe(took time.Duration, failed bool) {
+	rc := d.rc.Load()
+	if rc == nil {
+		return
+	}
+	rc.Record(took, failed)
+	d.limitMu.Lock()
+	d.refreshLocked()
+	d.limitMu.Unlock()
+}
+
+// StartRamp starts the recovery ramp (after the breaker closed, or a lapsed lease was renewed).
+func (d *Downstream) StartRamp() {
+	rc := d.rc.Load()
+	if rc == nil {
+		return
+	}
+	d.limitMu.Lock()
+	rc.Start()
+	d.refreshLocked()
+	d.limitMu.Unlock()
+}
+
+// Recovery is the recovery controller's state; ok false without recovery configured.
+func (d *Downstream) Recovery() (st recovery.Status, ok bool) {
+	if rc := d.rc.Load(); rc != nil {
+		return rc.Status(), true
+	}
+	return recovery.Status{}, false
+}
+
+func newDownstream(name string, cfg *Config, m *metrics.Metrics, clk recovery.Clock, now time.Time) *Downstream {
+	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), clk: clk}
 	d.reconfigure(cfg, now)
 	return d
 }
@@ -134,6 +238,17 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	} else {
 		d.breaker.Store(d.newBreaker(*cfg.Breaker))
 	}
+	d.limitMu.Lock()
+	if cfg.Recovery == nil {
+		d.rc.Store(nil)
+	} else if rc := d.rc.Load(); rc != nil {
+		rc.SetConfig(*cfg.Recovery)
+	} else {
+		d.rc.Store(recovery.New(*cfg.Recovery, d.base, d.clk))
+	}
+	d.refreshLocked()
+	d.limitMu.Unlock()
+	d.Sem.SetMaxWaiting(cfg.MaxWaiting)
 	d.cfg.Store(cfg)
 }
 
@@ -143,7 +258,8 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 	ds := assignment.DownstreamState{
 		Name:             d.Name,
 		Permits:          int32(cfg.Permits),
-		EffectivePermits: int32(d.Effective()),
+		EffectivePermits: int32(d.Base()),
+		Limit:            int32(d.Effective()),
 		InFlight:         int32(st.InFlight),
 		Waiting:          int32(st.Waiting),
 		Requests:         d.requests.Load(),
@@ -196,6 +312,16 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 		if d.Breaker != nil {
 			bc := convertBreaker(*d.Breaker)
 			c.Breaker = &bc
+		}
+		c.Recovery = convertRecovery(d.Recovery, c.Breaker)
+		c.MaxWaiting = max(c.Permits, 1) // the default: as many waiting as may be in flight
+		if d.MaxWaiting != nil {
+			c.MaxWaiting = int(*d.MaxWaiting)
+		}
+		c.DeadlineHeader = d.DeadlineHeader
+		c.AbandonedHold = c.RequestTimeout
+		if d.AbandonedHold != nil {
+			c.AbandonedHold = d.AbandonedHold.D()
 		}
 		cfgs[i] = c
 		t.names = append(t.names, d.Name)

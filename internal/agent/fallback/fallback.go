@@ -5,7 +5,7 @@
 // # Model
 //
 // Something stopped a call (the Reason: no permit, no rate token, an open
-// breaker, a degrade switch). The downstream's Config names the Action to
+// breaker, a degrade switch, a full waiters' queue). The downstream's Config names the Action to
 // take. Decide turns the two, plus the request's method and the cached
 // response for it, into a Decision; Render turns a Decision into a
 // Response; Write sends it. Decide and Render are pure.
@@ -66,6 +66,7 @@ const (
 	RateLimited Reason = "rate-limited" // no rate token within the wait allowed
 	CircuitOpen Reason = "circuit-open" // breaker open, or half-open with no probe slot
 	Degraded    Reason = "degraded"     // a degrade switch applies
+	QueueFull   Reason = "queue-full"   // as many calls already wait for a permit as may
 )
 
 // Downgrade says why a configured Static or ServeStale was replaced by

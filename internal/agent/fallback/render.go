@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/apportion/apportion/internal/agent/h1"
 )
 
 // Header names the agent sets on every fallback answer.
@@ -32,7 +34,7 @@ type Problem struct {
 }
 
 // Code is the machine code for r: APPORTION_NO_PERMIT, APPORTION_RATE_LIMITED,
-// APPORTION_CIRCUIT_OPEN, APPORTION_DEGRADED.
+// APPORTION_CIRCUIT_OPEN, APPORTION_DEGRADED, APPORTION_QUEUE_FULL.
 func Code(r Reason) string {
 	return "APPORTION_" + strings.ToUpper(strings.ReplaceAll(string(r), "-", "_"))
 }
@@ -47,6 +49,8 @@ func title(r Reason) string {
 		return "Downstream circuit breaker open"
 	case Degraded:
 		return "Downstream degraded"
+	case QueueFull:
+		return "Too many calls waiting for the downstream"
 	}
 	return "Downstream not called"
 }
@@ -112,30 +116,16 @@ func Write(w http.ResponseWriter, d Decision) error {
 	return err
 }
 
-// hopByHop are the headers that describe one connection, not the message
-// (RFC 9110 §7.6.1), plus Content-Length, which Render computes.
-var hopByHop = []string{
-	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length",
-}
-
-// endToEnd returns a copy of h without hop-by-hop headers (including any
-// listed in its Connection header). Replaying a stored Transfer-Encoding or
-// Content-Length would corrupt the framing of the new response.
+// endToEnd returns a copy of h without hop-by-hop headers (h1.RemoveHopByHop: the agent's one
+// list, and any listed in its Connection header) and without Content-Length, which Render
+// computes. Replaying a stored Transfer-Encoding or Content-Length would corrupt the framing of
+// the new response.
 func endToEnd(h http.Header) http.Header {
 	out := h.Clone()
 	if out == nil {
 		out = http.Header{}
 	}
-	for _, v := range h.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				out.Del(name)
-			}
-		}
-	}
-	for _, name := range hopByHop {
-		out.Del(name)
-	}
+	h1.RemoveHopByHop(out)
+	delete(out, "Content-Length")
 	return out
 }

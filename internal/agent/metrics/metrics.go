@@ -14,12 +14,15 @@
 //	inflight, waiting, permits                   gauges (permits: the effective limit)
 //	requests_total                               every call addressed to a known downstream
 //	rejected_total{reason}                       calls not forwarded: no-permit, rate-limited,
-//	                                             circuit-open, degraded
+//	                                             circuit-open, degraded, queue-full,
+//	                                             deadline-exceeded
 //	fallback_total{action}                       answers given instead of the downstream's:
 //	                                             reject, static, serve-stale
 //	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
 //	                                             connection error)
 //	upstream_429_total                           upstream 429s passed through
+//	abandoned_calls_total                        calls abandoned at their deadline whose permit
+//	                                             was held for abandonedHold
 //	upstream_duration_seconds                    histogram, to the response header (or error)
 //	acquire_wait_seconds                         histogram, rate wait + permit wait of forwarded calls
 //	breaker_state                                gauge 0 closed, 1 open, 2 half-open
@@ -49,7 +52,7 @@ import (
 const namespace = "apportion_agent"
 
 // Reasons a call is not forwarded, as label values; the index is what Downstream.Rejected takes.
-var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded"}
+var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded", "queue-full", "deadline-exceeded"}
 
 // Actions of a fallback answer, as label values; the index is what Downstream.Fallback takes.
 var Actions = []string{"reject", "static", "serve-stale"}
@@ -63,6 +66,8 @@ const (
 	ReasonRateLimited
 	ReasonCircuitOpen
 	ReasonDegraded
+	ReasonQueueFull
+	ReasonDeadline
 )
 
 const (
@@ -115,6 +120,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	requests, upstream429         *prometheus.CounterVec
+	abandoned                     *prometheus.CounterVec
 	rejected, fallback, upstream  *prometheus.CounterVec
 	transitions                   *prometheus.CounterVec
 	rejectedPushes                *prometheus.CounterVec
@@ -139,6 +145,7 @@ func New() *Metrics {
 	m.fallback = cv("fallback_total", "Fallback answers given instead of the downstream's, by action.", "action")
 	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
 	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
+	m.abandoned = cv("abandoned_calls_total", "Calls abandoned at their deadline whose permit was held for abandonedHold after the upstream connection closed.")
 	m.transitions = cv("breaker_transitions_total", "Circuit breaker state transitions.", "from", "to")
 	m.rejectedPushes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_pushes_total",
 		Help: "Control requests (pushes and state reads) refused by authentication, by reason."}, []string{"reason"})
@@ -181,10 +188,11 @@ func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
 // Downstream is one downstream's pre-resolved children.
 type Downstream struct {
 	Requests         prometheus.Counter
-	Rejected         [4]prometheus.Counter // by Reason*
+	Rejected         [6]prometheus.Counter // by Reason*
 	Fallback         [3]prometheus.Counter // by Action*
 	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
+	Abandoned        prometheus.Counter
 	UpstreamDuration prometheus.Observer
 	AcquireWait      prometheus.Observer
 	// Peak counts calls per second for peak_rps_last_minute.
@@ -202,6 +210,7 @@ func (m *Metrics) Downstream(name string) *Downstream {
 		m:                m,
 		Requests:         m.requests.WithLabelValues(name),
 		Upstream429:      m.upstream429.WithLabelValues(name),
+		Abandoned:        m.abandoned.WithLabelValues(name),
 		UpstreamDuration: m.upstreamDuration.WithLabelValues(name),
 		AcquireWait:      m.acquireWait.WithLabelValues(name),
 	}
@@ -225,7 +234,7 @@ func (d *Downstream) Transition(from, to string) {
 // Forget deletes every series of a downstream that left the configuration.
 func (m *Metrics) Forget(name string) {
 	l := prometheus.Labels{"downstream": name}
-	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.transitions} {
+	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions} {
 		v.DeletePartialMatch(l)
 	}
 	m.upstreamDuration.DeletePartialMatch(l)

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 )
 
@@ -20,13 +20,13 @@ const (
 	CodeUpstreamUnavailable = "APPORTION_UPSTREAM_UNAVAILABLE" // 502
 	CodeNotConfigured       = "APPORTION_NOT_CONFIGURED"       // 503: no assignment yet
 	CodeStalled             = "APPORTION_STALLED"              // 503: the agent stalled after admitting the call
-	// The upstream's answer could not be read as HTTP (a head over maxResponseHeaderBytes, a
+	// The upstream's answer could not be read as HTTP (a head over h1.MaxResponseHeaderBytes, a
 	// malformed head, a protocol switch nobody asked for).
 	CodeUpstreamBadResponse = "APPORTION_UPSTREAM_BAD_RESPONSE" // 502
-	// The app's own request was malformed: its head (answered by Server) or its body. Never
+	// The app's own request was malformed: its head (answered by h1.Server, see Refusal) or its body. Never
 	// counted against the downstream.
 	CodeBadRequest = "APPORTION_BAD_REQUEST" // 400
-	// Server's other refusals of a request head.
+	// h1.Server's other refusals of a request head (see Refusal).
 	CodeHeaderTooLarge                 = "APPORTION_HEADER_TOO_LARGE"                  // 431
 	CodeExpectationFailed              = "APPORTION_EXPECTATION_FAILED"                // 417
 	CodeHTTPVersionNotSupported        = "APPORTION_HTTP_VERSION_NOT_SUPPORTED"        // 505
@@ -35,6 +35,9 @@ const (
 	CodeRequestTimeout = "APPORTION_REQUEST_TIMEOUT" // 408
 	// CONNECT: the agent is not a forward proxy.
 	CodeMethodNotAllowed = "APPORTION_METHOD_NOT_ALLOWED" // 405
+	// The app's own deadline (X-Apportion-Timeout, grpc-timeout) passed before the call could be
+	// forwarded.
+	CodeDeadlineExceeded = "APPORTION_DEADLINE_EXCEEDED" // 504
 )
 
 // answerFallback answers a call that is not forwarded, with fc (the downstream's fallback or a
@@ -154,17 +157,24 @@ func (h *Handler) storeTee(t *staleTee, now time.Time) {
 	})
 }
 
-// bufferPool recycles the ReverseProxy's 32 KiB copy buffers.
-type bufferPool struct{}
+// bufferPool recycles the 32 KiB copy buffers of the ReverseProxy, of forwardLean and of the
+// engine's client: one pool.
+var bufferPool h1.BufferPool
 
-const copyBufferSize = 32 << 10
-
-var copyBuffers = sync.Pool{New: func() any { return new([copyBufferSize]byte) }}
-
-func (bufferPool) Get() []byte { return copyBuffers.Get().(*[copyBufferSize]byte)[:] }
-
-func (bufferPool) Put(b []byte) {
-	if cap(b) >= copyBufferSize {
-		copyBuffers.Put((*[copyBufferSize]byte)(b[:copyBufferSize])) // no allocation
+// Refusal is h1.Server's Refusal for the agent: a request the server refuses before the Handler
+// sees it gets the agent's problem+json, whose code names the app's error
+// (APPORTION_BAD_REQUEST, APPORTION_HEADER_TOO_LARGE, ...).
+func Refusal(status int, reason string) (contentType string, body []byte) {
+	code := CodeBadRequest
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		code = CodeHeaderTooLarge
+	case http.StatusExpectationFailed:
+		code = CodeExpectationFailed
+	case http.StatusHTTPVersionNotSupported:
+		code = CodeHTTPVersionNotSupported
+	case http.StatusNotImplemented:
+		code = CodeTransferEncodingNotImplemented
 	}
+	return "application/problem+json", problemJSON(status, code, http.StatusText(status), reason, "")
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/loadgen"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
@@ -28,14 +29,14 @@ func benchServer(b *testing.B, h http.Handler) string {
 	return "http://" + ln.Addr().String()
 }
 
-// agentServer serves h as the agent binary does: Server, the data plane's own.
+// agentServer serves h as the agent binary does: h1.Server, the data plane's own.
 func agentServer(b *testing.B, h http.Handler) string {
 	b.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, Logger: quietLogger()}
+	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, Logger: quietLogger()}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -312,17 +313,28 @@ func benchRawUpstream(b *testing.B) string {
 	return "http://" + ln.Addr().String()
 }
 
-// BenchmarkServeLean is one call at a time through the agent as the binary runs it (Server,
+// BenchmarkServeLean is one call at a time through the agent as the binary runs it (h1.Server,
 // Handler, lean client) from a raw keep-alive client to a raw upstream: the agent's own time
 // and allocations per call, network included.
 func BenchmarkServeLean(b *testing.B) {
+	serveLean(b, nil, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+}
+
+// BenchmarkServeLeanRecovery is BenchmarkServeLean with withRecoveryAndDeadline and the app's
+// deadline on every call: what the ramp, the adaptive limit and the deadline checks add to one
+// call's time, set beside BenchmarkServeLean.
+func BenchmarkServeLeanRecovery(b *testing.B) {
+	serveLean(b, withRecoveryAndDeadline, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\nX-Apportion-Timeout: 5s\r\n\r\n")
+}
+
+func serveLean(b *testing.B, mut func(*assignment.Downstream), request string) {
 	up := benchRawUpstream(b)
-	enf := benchEnforcer(b, up, nil)
+	enf := benchEnforcer(b, up, mut)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := &Server{Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), IdleTimeout: time.Minute, ReadHeaderTimeout: time.Second}
+	srv := &h1.Server{Refusal: Refusal, Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), IdleTimeout: time.Minute, ReadHeaderTimeout: time.Second}
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -331,7 +343,7 @@ func BenchmarkServeLean(b *testing.B) {
 	}
 	defer c.Close()
 	br := bufio.NewReader(c)
-	req := []byte("GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+	req := []byte(request)
 	call := func() {
 		if _, err := c.Write(req); err != nil {
 			b.Fatal(err)
@@ -352,4 +364,84 @@ func BenchmarkServeLean(b *testing.B) {
 	for range b.N {
 		call()
 	}
+}
+
+// withRecoveryAndDeadline turns on everything issue #16 added to a call's path: the recovery
+// ramp and adaptive concurrency (a window check and a count per call), and the deadline passed
+// on to the upstream; the app's calls carry X-Apportion-Timeout (see deadlineTransport).
+func withRecoveryAndDeadline(d *assignment.Downstream) {
+	d.Recovery = &assignment.Recovery{Window: assignment.Duration(time.Second),
+		Ramp:     &assignment.Ramp{Shape: assignment.ShapeLinear, InitialPercent: 10, StepPercent: 10, HealthyWindows: 2},
+		Adaptive: &assignment.Adaptive{TolerancePercent: 150, BaselineWindows: 60, MinLimit: 1}}
+	d.DeadlineHeader = "X-Request-Timeout"
+}
+
+// deadlineTransport adds the app's deadline to every call.
+type deadlineTransport struct{ rt http.RoundTripper }
+
+func (t deadlineTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-Apportion-Timeout", "5s")
+	return t.rt.RoundTrip(r)
+}
+
+// BenchmarkProxyOverheadRecovery is BenchmarkProxyOverhead's open loop (2,000 calls/s, 3 s each
+// way in 300 ms slices) with withRecoveryAndDeadline: what the ramp, the adaptive limit and the
+// deadline checks add to a call's latency, set beside BenchmarkProxyOverhead's figure.
+func BenchmarkProxyOverheadRecovery(b *testing.B) {
+	body := []byte("ok")
+	up := benchServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	enf := benchEnforcer(b, up, withRecoveryAndDeadline)
+	agent := agentServer(b, New(Options{Enforcer: enf, Logger: quietLogger()}))
+	direct, via := up+"/x", agent+"/up/x"
+	cd := benchClient()
+	ca := benchClient()
+	ca.Transport = deadlineTransport{ca.Transport}
+	for range b.N {
+		slice := func(viaAgent bool) latencies {
+			if viaAgent {
+				return openLoop(b, ca, via, 2000, 300*time.Millisecond)
+			}
+			return openLoop(b, cd, direct, 2000, 300*time.Millisecond)
+		}
+		slice(false)
+		slice(true)
+		var d, a latencies
+		for range 10 {
+			d = append(d, slice(false)...)
+			a = append(a, slice(true)...)
+		}
+		dp50, ap50 := d.Pct(.50), a.Pct(.50)
+		b.ReportMetric(us(dp50), "direct-p50-µs")
+		b.ReportMetric(us(ap50), "agent-p50-µs")
+		b.ReportMetric(us(ap50-dp50), "p50-added-µs")
+		b.ReportMetric(us(a.Pct(.99)-d.Pct(.99)), "p99-added-µs")
+		b.ReportMetric(0, "ns/op")
+	}
+}
+
+// BenchmarkHandlerRecovery is BenchmarkHandler with withRecoveryAndDeadline: the in-process cost
+// per call of the ramp, the adaptive limit and the deadline checks (run with -cpu 1, ns/op is CPU
+// per call: × 1,000 for CPU per 1,000 calls).
+func BenchmarkHandlerRecovery(b *testing.B) {
+	enf := benchEnforcer(b, "http://upstream.invalid", func(d *assignment.Downstream) {
+		d.Rate = &assignment.Rate{PerSecond: 1e9, Burst: 1 << 30, Mode: assignment.ModeTokenBucket}
+		d.Breaker = &assignment.Breaker{Window: assignment.Duration(10 * time.Second), FailureRatePercent: 50, SlowCallThreshold: assignment.Duration(time.Second), SlowCallRatePercent: 100, MinimumCalls: 20, OpenDuration: assignment.Duration(30 * time.Second), HalfOpenProbes: 3}
+		withRecoveryAndDeadline(d)
+	})
+	h := New(Options{Enforcer: enf, Logger: quietLogger(), Transport: instantTransport{}})
+	req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:15001/up/x?y=1", nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		w := &discardWriter{h: http.Header{}}
+		r := req.Clone(req.Context())
+		for pb.Next() {
+			clear(w.h)
+			r.Header.Set("X-Apportion-Timeout", "5s") // the handler takes it out
+			h.ServeHTTP(w, r)
+			if w.code != 200 && w.code != 503 { // 503: the ramp's or the adaptive limit's refusals
+				b.Fatalf("status %d", w.code)
+			}
+		}
+	})
 }

@@ -337,7 +337,7 @@ func TestIdleUpstreamConnectionsReaped(t *testing.T) {
 		closed <- struct{}{} // the agent closed it
 	})
 	a := newAgent(t, nil)
-	a.h.up.idleTimeout = 200 * time.Millisecond
+	a.h.up.SetIdleTimeout(200 * time.Millisecond)
 	a.apply(t, nil, downstream("idle", up.URL, 4))
 	if r := a.do(t, http.MethodGet, "/idle/"); r.status != 200 {
 		t.Fatalf("call = %d", r.status)

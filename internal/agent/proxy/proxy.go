@@ -11,20 +11,30 @@
 //
 // Every call, in this order:
 //
-//  1. Unknown downstream: 404 application/problem+json, code APPORTION_UNKNOWN_DOWNSTREAM.
-//  2. A degrade switch matches: its action answers (reason degraded).
+//  1. Unknown downstream: 404 application/problem+json, code APPORTION_UNKNOWN_DOWNSTREAM. A
+//     malformed deadline header (X-Apportion-Timeout, grpc-timeout: package deadline) is 400; a
+//     valid one starts the call's budget, which bounds every wait below and the upstream call.
+//  2. A degrade switch matches: its action answers (reason degraded; Retry-After the time until
+//     the switch expires, when that is within maxDegradeRetryAfter).
 //  3. The circuit breaker is open: the fallback answers (reason circuit-open, Retry-After =
 //     the time left until it admits probes), before a rate token or a permit is taken.
-//  4. No rate token within AcquireTimeout: the fallback answers (reason rate-limited).
-//  5. No permit within what is left of AcquireTimeout (at once when the effective limit is 0):
-//     the fallback answers (reason no-permit). Calls never queue at the downstream.
+//  4. No rate token within the wait allowed (AcquireTimeout, or what is left of the app's budget
+//     when less): the fallback answers (reason rate-limited, Retry-After when the limiter's next
+//     token accrues).
+//  5. No permit within what is left of the wait allowed (at once when the effective limit is 0):
+//     the fallback answers (reason no-permit); a call that would wait while MaxWaiting calls
+//     already wait is answered at once (reason queue-full). The effective limit is the permits
+//     narrowed by the recovery ramp and the adaptive limit (package recovery), put in force
+//     before the permit is asked for. Calls never queue at the downstream.
 //  6. A closed or half-open breaker is asked for the call's ticket only now, with the permit
 //     held, because a ticket cannot be handed back unused: a half-open probe slot must go to a
 //     call that is really forwarded. A half-open breaker whose probe slots are all taken
 //     refuses: the permit is released and the fallback answers (reason circuit-open, no
 //     Retry-After).
-//  7. Forwarded, with RequestTimeout as its deadline, holding the permit until the response
-//     body has been copied. The upstream's answer is passed through as is, 429 and its
+//  7. Forwarded, with the earlier of RequestTimeout and the app's budget as its deadline (a budget
+//     spent while waiting: 504 APPORTION_DEADLINE_EXCEEDED, not forwarded), what is left told to
+//     the upstream in DeadlineHeader (and grpc-timeout rewritten), holding the permit until the
+//     response body has been copied. The upstream's answer is passed through as is, 429 and its
 //     Retry-After included. Nothing is ever retried, not even by the HTTP transport (a call is
 //     sent once).
 //     - No response: 504 problem+json (code APPORTION_UPSTREAM_TIMEOUT) when RequestTimeout
@@ -37,7 +47,9 @@
 //     answer are bounded by the call's deadline (see call.appDeadlines).
 //     - The upstream fails after its header was passed on: the answer to the app is cut
 //     (the connection is aborted), the only honest signal left.
-//  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
+//  8. The permit is released — for a call abandoned at its deadline only AbandonedHold after its
+//     upstream connection was closed (see call.release) — and the breaker and the recovery
+//     windows record the outcome: a failure is a 5xx, a 429,
 //     no response (a timeout, a connection error, or the app giving up first: from its side
 //     the call failed) or a body that broke on the upstream's side; a slow call is one at or
 //     above the breaker's threshold, measured to the response header.
@@ -54,14 +66,14 @@
 // downstream whose fallback or a switch is ServeStale are copied, while streamed to the app,
 // into the stale cache, which is bounded in bytes.
 //
-// Serving and forwarding, for CPU (see docs/benchmarks.md): the agent serves Handler with its own
-// HTTP/1.1 Server (server.go; Handler stays an http.Handler that works under net/http's server
-// too), and sends calls to plain http upstreams with a synchronous client over pooled
-// connections (upstream.go), both reading and writing sockets with raw non-blocking system calls
-// (rawio_linux.go). https upstreams, protocol upgrades, Expect: 100-continue and a Transport given
-// in Options go through httputil.ReverseProxy and http.Transport. Both ways share the admission,
-// the call's state, the answers on failure and the recording; the lean client drops
-// informational (1xx) answers, which the ReverseProxy passes on.
+// Serving and forwarding: the agent serves Handler with the HTTP/1.1 engine's server
+// (h1.Server, with Refusal for the requests it refuses itself; Handler stays an http.Handler
+// that works under net/http's server too), and sends calls to plain http upstreams with the
+// engine's client (h1.Client, forward.go). https upstreams, protocol upgrades, Expect:
+// 100-continue and a Transport given in Options go through httputil.ReverseProxy and
+// http.Transport. Both ways share the admission (admission.go), the call's state, the answers on
+// failure and the recording; the engine's client drops informational (1xx) answers, which the
+// ReverseProxy passes on. This package holds the policy; the engine knows nothing of it.
 package proxy
 
 import (
@@ -69,7 +81,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -81,13 +92,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http/httpguts"
-
 	"github.com/apportion/apportion/internal/agent/breaker"
 	"github.com/apportion/apportion/internal/agent/clock"
-	"github.com/apportion/apportion/internal/agent/degrade"
+	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 )
 
@@ -109,7 +119,7 @@ type Handler struct {
 	enf   *enforce.Enforcer
 	clock clock.Clock
 	rp    *httputil.ReverseProxy
-	up    *upstreamPool   // the lean client; nil when Options.Transport sends every call
+	up    *h1.Client      // the lean client; nil when Options.Transport sends every call
 	stale *fallback.Cache // nil: nothing is cached
 	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
 	maxEntry int64
@@ -134,16 +144,16 @@ func NewTransport() *http.Transport {
 		DisableCompression:     true,
 		WriteBufferSize:        16 << 10,
 		ReadBufferSize:         16 << 10,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes, // as the lean client's
+		MaxResponseHeaderBytes: h1.MaxResponseHeaderBytes, // as the lean client's
 	}
 }
 
 // New returns the data plane handler.
 func New(o Options) *Handler {
-	var up *upstreamPool
+	var up *h1.Client
 	if o.Transport == nil {
 		o.Transport = NewTransport()
-		up = newUpstreamPool()
+		up = h1.NewClient()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -159,7 +169,7 @@ func New(o Options) *Handler {
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.errorHandler,
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
-		BufferPool:     bufferPool{},
+		BufferPool:     bufferPool,
 	}
 	return h
 }
@@ -167,7 +177,7 @@ func New(o Options) *Handler {
 // CloseIdleConnections closes the idle upstream connections (of both clients).
 func (h *Handler) CloseIdleConnections() {
 	if h.up != nil {
-		h.up.closeIdle()
+		h.up.CloseIdleConnections()
 	}
 	if ci, ok := h.rp.Transport.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
@@ -187,7 +197,9 @@ type call struct {
 	// and with that deadline, for the ReverseProxy path only (the lean client puts the
 	// deadline on its connection: no timer per call).
 	deadline time.Time
-	ctx      context.Context
+	// byApp: the deadline is the app's (its budget ended before requestTimeout would have).
+	byApp bool
+	ctx   context.Context
 
 	sent    time.Time
 	took    time.Duration
@@ -236,6 +248,9 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
 }
+
+// past is a deadline already passed: set on a connection, it ends a read or write in progress.
+var past = time.Unix(1, 0)
 
 // answerWriteGrace is how long after the call's deadline the answer may still be written: the
 // upstream side ends at the deadline, and its 504 (or the app's 408) is written just then.
@@ -362,10 +377,6 @@ func refuseMethod(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// stallSlack is added to twice the acquire timeout before a call admitted that long ago counts
-// as stalled rather than slow to schedule.
-const stallSlack = 500 * time.Millisecond
-
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if refuseMethod(w, r) {
 		return
@@ -375,8 +386,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ds := t.Lookup(name)
 	if ds == nil && !h.enf.Ready() {
 		// No assignment yet (or shutting down): the downstream may well exist, it is just not
-		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404.
-		w.Header().Set("Retry-After", "1")
+		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404, and no
+		// Retry-After: when the manager's first push comes is not known here.
 		writeRefusal(w, http.StatusServiceUnavailable, CodeNotConfigured, "Agent not configured",
 			"the agent has no assignment from the manager yet; no call is forwarded until it has one", name)
 		return
@@ -388,115 +399,58 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"no downstream called "+quote(name)+" is configured for this pod (no DownstreamQuota of that name lists its workload, or it was deleted); call http://127.0.0.1:PORT/<downstream>/<path>", name)
 		return
 	}
-	now := h.clock.Now()
-	start := time.Now()
-	cfg := ds.Config()
-	ds.CountRequest(now)
-
-	// 2. Degrade switches (1, unknown downstream, is above).
-	if sw := selectSwitch(t, name, r, now); sw != nil {
-		ds.CountRejected(metrics.ReasonDegraded)
-		h.answerFallback(w, r, ds, &sw.Action, fallback.Degraded, 0, now)
+	// The app's own deadline, if it stated one (package deadline).
+	var budget deadline.Budget
+	if d, ok, err := deadline.Parse(r.Header); err != nil {
+		writeProblem(w, http.StatusBadRequest, CodeBadRequest, "Bad request", err.Error(), name)
 		return
+	} else if ok {
+		budget = deadline.New(time.Now(), d, true)
 	}
-	// 3. Circuit breaker: an open one refuses here, before a token or a permit is taken. A
-	// closed or half-open one is asked for the call's ticket once the permit is held (6),
-	// because a ticket cannot be handed back unused: a half-open probe slot must go to a call
-	// that is really forwarded.
-	br := ds.Breaker()
-	var tk breaker.Ticket
-	haveTicket := false
-	if br != nil && br.State(now) == breaker.Open {
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			ds.CountRejected(metrics.ReasonCircuitOpen)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
-			return
-		}
-		haveTicket = true // it became half-open in between: this call is a probe
-	}
-	// giveBack returns a probe ticket taken above for a call that is not forwarded after all:
-	// the probe slot is freed and nothing is counted, so the breaker neither closes on a probe
-	// that never reached the downstream nor reopens because of our own rate or permit limits.
-	giveBack := func() {
-		if haveTicket {
-			tk.Cancel()
-		}
-	}
-	// 4. Rate.
-	if lim := ds.Limiter(); lim != nil {
-		wait, ok := lim.Reserve(now, cfg.AcquireTimeout)
-		if !ok {
-			giveBack()
-			ds.CountRejected(metrics.ReasonRateLimited)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.RateLimited, 0, now)
-			return
-		}
-		if wait > 0 && !sleep(r.Context(), wait) {
-			giveBack()
-			return // the app left
-		}
-	}
-	// 5. Permit, then 6, the ticket of a closed or half-open breaker.
-	if !ds.Sem.TryAcquire() {
-		remaining := cfg.AcquireTimeout - time.Since(start)
-		if ds.Effective() == 0 || remaining <= 0 {
-			giveBack()
-			ds.CountRejected(metrics.ReasonNoPermit)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), remaining)
-		err := ds.Sem.Acquire(ctx)
-		cancel()
-		if err != nil {
-			giveBack()
-			if r.Context().Err() != nil {
-				return // the app left
-			}
-			ds.CountRejected(metrics.ReasonNoPermit)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.NoPermit, 0, h.clock.Now())
-			return
-		}
-	}
-	if br != nil && !haveTicket {
-		now := h.clock.Now()
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			ds.Sem.Release()
-			ds.CountRejected(metrics.ReasonCircuitOpen)
-			h.answerFallback(w, r, ds, &cfg.Fallback, fallback.CircuitOpen, retry, now)
-			return
-		}
-	}
-	waited := time.Since(start)
-	ds.Metrics.AcquireWait.Observe(waited.Seconds())
-	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
-	// this process was frozen or starved between admitting the call and forwarding it: its lease
-	// may have passed meanwhile and the manager may have handed the permit to another pod, so the
-	// call is not sent late. The permit is returned unused.
-	if waited > 2*cfg.AcquireTimeout+stallSlack {
-		ds.Sem.Release()
-		if haveTicket || br != nil {
-			tk.Cancel()
-		}
-		w.Header().Set("Retry-After", "1")
+	// 2 to 6: admission.
+	cfg := ds.Config()
+	ad := admit(r.Context(), h.clock, t, ds, cfg, requestView(r), budget)
+	switch ad.verdict {
+	case refused:
+		h.answerFallback(w, r, ds, ad.action, ad.reason, ad.retryAfter, ad.at)
+		return
+	case appLeft:
+		return
+	case stalled:
+		// No Retry-After: nothing is known about when the agent runs normally again.
 		writeProblem(w, http.StatusServiceUnavailable, CodeStalled, "Agent stalled",
 			"the agent stalled after admitting the call; it was not forwarded", name)
 		return
 	}
+	tk := ad.ticket
 
-	// 7. Forward; 8, release and record, in the deferred function.
-	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
+	// 7. Forward; 8, release and record, in the deferred function. The upstream gets what is left
+	// of the app's budget, if that is less than requestTimeout.
+	now := time.Now()
+	dl, byApp := budget.Upstream(now, cfg.RequestTimeout)
+	if byApp && !dl.After(now) {
+		// The app's deadline passed while the call waited: nobody is waiting for its answer.
+		ds.Sem.Release()
+		tk.Cancel()
+		ds.CountRejected(metrics.ReasonDeadline)
+		writeProblem(w, http.StatusGatewayTimeout, CodeDeadlineExceeded, "Deadline exceeded",
+			"the call's own deadline passed before it could be forwarded", name)
+		return
+	}
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: dl, byApp: byApp}
+	if budget.Set() {
+		passDeadline(r, dl.Sub(now))
+	}
+	if cfg.DeadlineHeader != "" {
+		r.Header.Set(cfg.DeadlineHeader, deadline.Format(cfg.DeadlineHeader, dl.Sub(now)))
+	}
 	// The app's side is bounded by the call's deadline too: reading its request body and
 	// writing the answer hold the permit, and an app that stops sending or reading must not
 	// hold it past requestTimeout (see appDeadlines).
 	c.appDeadlines(w, r)
 	defer func() {
 		c.clearDeadlines()
-		ds.Sem.Release()
+		c.release()
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
@@ -510,7 +464,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The upstream call is not cancelled when the app gives up: the downstream would keep working
 	// on it while the permit went to the next call, and its in-flight count would exceed ours.
 	// The permit is held until the downstream answered or RequestTimeout passed.
-	if h.up != nil && leanEligible(r, cfg.Upstream) {
+	if h.up != nil && h1.CanSend(r, cfg.Upstream) {
 		h.forwardLean(w, r, c) // the deadline is the connection's
 		return
 	}
@@ -518,6 +472,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	c.ctx = ctx
 	h.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
+}
+
+// passDeadline rewrites the app's deadline headers for the upstream: X-Apportion-Timeout is the
+// agent's and is not passed on; grpc-timeout, when the app sent one, says what is left (passing
+// the app's own on would promise the upstream more time than there is).
+func passDeadline(r *http.Request, left time.Duration) {
+	delete(r.Header, deadline.Header)
+	if _, ok := r.Header[deadline.GRPCHeader]; ok {
+		r.Header.Set(deadline.GRPCHeader, deadline.FormatGRPC(left))
+	}
+}
+
+// release gives the call's permit back, at once for a call that ended, or AbandonedHold after
+// its upstream connection was closed for a call abandoned at its deadline (no answer, or a body
+// cut by the deadline): the downstream may still be working on it, and a permit is a promise
+// about the downstream's work, not about our wait. Until then the call stays in the in-flight
+// count the agent reports, and the manager's ledger counts it. Both clients have closed the
+// upstream connection of a timed-out call by the time this runs.
+func (c *call) release() {
+	hold := c.cfg.AbandonedHold
+	abandoned := isTimeout(c.err) || isTimeout(c.bodyErr)
+	if hold <= 0 || !abandoned || c.appFault {
+		c.ds.Sem.Release()
+		return
+	}
+	c.ds.CountAbandoned()
+	c.h.clock.AfterFunc(hold, c.ds.Sem.Release)
 }
 
 // finish records the outcome; it runs even when the answer to the app is aborted.
@@ -542,6 +523,7 @@ func (c *call) finish(tk breaker.Ticket) {
 	c.ds.Metrics.Upstream[class].Inc()
 	c.ds.Metrics.UpstreamDuration.Observe(c.took.Seconds())
 	tk.Done(c.h.clock.Now(), failed, c.took)
+	c.ds.Observe(c.took, failed) // the recovery windows judge the same outcome
 }
 
 // upstreamTarget returns the escaped path and the query of the upstream request: the
@@ -579,7 +561,7 @@ func forwardedFor(in http.Header, remoteAddr string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	if prior := in["X-Forwarded-For"]; len(prior) > 0 && !namedInConnection(in, "X-Forwarded-For") {
+	if prior := in["X-Forwarded-For"]; len(prior) > 0 && !h1.NamedInConnection(in, "X-Forwarded-For") {
 		ip = strings.Join(prior, ", ") + ", " + ip
 	}
 	return ip, true
@@ -602,7 +584,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	// The ReverseProxy removed the forwarding headers; put back the app's.
 	in := pr.In.Header
 	for _, k := range forwardedHeaders {
-		if v, ok := in[k]; ok && !namedInConnection(in, k) {
+		if v, ok := in[k]; ok && !h1.NamedInConnection(in, k) {
 			out.Header[k] = v
 		}
 	}
@@ -692,19 +674,22 @@ func (c *call) fail(w http.ResponseWriter, err error) {
 	}
 	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(c.deadline) {
-		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout",
-			"the downstream did not answer within its requestTimeout of "+c.cfg.RequestTimeout.String(), c.cfg.Name)
+		detail := "the downstream did not answer within its requestTimeout of " + c.cfg.RequestTimeout.String()
+		if c.byApp {
+			detail = "the downstream did not answer within the call's own deadline"
+		}
+		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout", detail, c.cfg.Name)
 		return
 	}
 	c.h.log.Debug("upstream call failed", "downstream", c.cfg.Name, "err", err)
-	var bad *badResponseError
+	var bad *h1.BadResponseError
 	if !errors.As(err, &bad) && strings.Contains(err.Error(), "server response headers exceeded") {
 		// http.Transport's error for a head over MaxResponseHeaderBytes (it has no type).
-		bad = &badResponseError{reason: "its head is larger than " + strconv.Itoa(maxResponseHeaderBytes>>20) + " MiB", err: err}
+		bad = &h1.BadResponseError{Reason: "its head is larger than " + strconv.Itoa(h1.MaxResponseHeaderBytes>>20) + " MiB", Err: err}
 	}
 	if bad != nil {
 		writeProblem(w, http.StatusBadGateway, CodeUpstreamBadResponse, "Bad upstream response",
-			"the downstream's answer is not valid HTTP/1.1: "+bad.reason, c.cfg.Name)
+			"the downstream's answer is not valid HTTP/1.1: "+bad.Reason, c.cfg.Name)
 		return
 	}
 	writeProblem(w, http.StatusBadGateway, CodeUpstreamUnavailable, "Upstream unavailable",
@@ -744,29 +729,12 @@ func upstreamError(err error) string {
 }
 
 // splitPath splits "/<name>/<rest>" into name and "/<rest>" (rest is "" for "/<name>").
-// namedInConnection reports whether the Connection field names k (a hop-by-hop field then).
-func namedInConnection(h http.Header, k string) bool {
-	vv := h["Connection"]
-	return len(vv) > 0 && httpguts.HeaderValuesContainsToken(vv, k)
-}
-
 func splitPath(p string) (name, rest string) {
 	p = strings.TrimPrefix(p, "/")
 	if i := strings.IndexByte(p, '/'); i >= 0 {
 		return p[:i], p[i:]
 	}
 	return p, ""
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 type noRetryBody struct{}
@@ -779,11 +747,4 @@ func quote(s string) string {
 		s = s[:64] + "…"
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
-}
-
-func selectSwitch(t *enforce.Table, name string, r *http.Request, now time.Time) *degrade.Switch {
-	if len(t.Switches) == 0 {
-		return nil
-	}
-	return degrade.Select(t.Switches, name, degrade.RequestView{Method: r.Method, Header: r.Header, Rand: rand.Uint32}, now)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -77,7 +78,7 @@ type testServer struct{ URL string }
 // TestSuiteUnderNetHTTP): the Handler must work under both.
 var underNetHTTP bool
 
-// serveAgent serves h on 127.0.0.1 as the agent binary does, with Server, or with
+// serveAgent serves h on 127.0.0.1 as the agent binary does, with h1.Server, or with
 // httptest.Server when underNetHTTP.
 func serveAgent(t *testing.T, h http.Handler) testServer {
 	t.Helper()
@@ -90,7 +91,7 @@ func serveAgent(t *testing.T, h http.Handler) testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
+	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -264,7 +265,8 @@ func TestUnknownDownstream(t *testing.T) {
 		return r.header.Get("Content-Type") == "application/problem+json" &&
 			r.header.Get(fallback.HeaderFallback) == "reject" && r.header.Get(fallback.HeaderReason) == reason
 	}
-	if r := a.do(t, http.MethodGet, "/nope/x"); r.status != 503 || problemCode(r) != CodeNotConfigured || r.header.Get("Retry-After") != "1" ||
+	// No Retry-After: when the first assignment comes is not known.
+	if r := a.do(t, http.MethodGet, "/nope/x"); r.status != 503 || problemCode(r) != CodeNotConfigured || r.header.Get("Retry-After") != "" ||
 		!refusal(r, "not-configured") {
 		t.Errorf("unconfigured GET = %d %v %s", r.status, r.header, r.body)
 	}
@@ -305,6 +307,8 @@ func TestInFlightNeverExceedsPermits(t *testing.T) {
 	a := newAgent(t, nil)
 	d := downstream("slow", up.URL, permits)
 	d.AcquireTimeout = assignment.Duration(acquireTimeout)
+	unbounded := int32(clients) // every client may wait: this test is about the acquire timeout
+	d.MaxWaiting = &unbounded
 	a.apply(t, nil, d)
 	answers := make(chan result, clients)
 	for range clients {
@@ -482,16 +486,23 @@ func TestUpstream429PassedThroughNeverRetried(t *testing.T) {
 	}
 }
 
+// TestHangingUpstreamTimesOut: a call the upstream does not answer within requestTimeout is
+// answered 504 at its deadline; its upstream connection is closed, and its permit is held for
+// abandonedHold after that (the downstream may still be working on it), counted in flight the
+// whole time; with abandonedHold 0 it is released at once.
 func TestHangingUpstreamTimesOut(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
+	closed := make(chan struct{}, 4)
 	_, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-stop:
 		case <-r.Context().Done():
+			closed <- struct{}{} // the agent closed the connection
 		}
 	})
-	a := newAgent(t, nil)
+	clk := clock.NewFake(t0)
+	a := newAgent(t, clk)
 	d := downstream("hang", up.URL, 4)
 	d.RequestTimeout = assignment.Duration(100 * time.Millisecond)
 	a.apply(t, nil, d)
@@ -502,8 +513,34 @@ func TestHangingUpstreamTimesOut(t *testing.T) {
 	if r.took < 100*time.Millisecond || r.took > 2*time.Second {
 		t.Fatalf("timeout answer after %v, want about 100ms", r.took)
 	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream connection of the abandoned call was not closed")
+	}
+	if st := a.enf.State().Downstreams[0]; st.InFlight != 1 {
+		t.Fatalf("abandoned call: %+v, want its permit held (in flight 1) for abandonedHold", st)
+	}
+	if v := metricValue(t, a.metrics, "apportion_agent_abandoned_calls_total", "downstream", "hang"); v != 1 {
+		t.Fatalf("abandoned_calls_total = %v", v)
+	}
+	clk.Advance(99 * time.Millisecond) // the default hold is requestTimeout
+	if st := a.enf.State().Downstreams[0]; st.InFlight != 1 {
+		t.Fatalf("released before abandonedHold passed: %+v", st)
+	}
+	clk.Advance(time.Millisecond)
 	if st := a.enf.State().Downstreams[0]; st.InFlight != 0 {
-		t.Fatalf("permit not released: %+v", st)
+		t.Fatalf("permit not released after abandonedHold: %+v", st)
+	}
+
+	zero := assignment.Duration(0)
+	d.AbandonedHold = &zero
+	a.apply(t, nil, d)
+	if r := a.do(t, http.MethodGet, "/hang/"); r.status != 504 {
+		t.Fatalf("hanging upstream = %d %s", r.status, r.body)
+	}
+	if st := a.enf.State().Downstreams[0]; st.InFlight != 0 {
+		t.Fatalf("abandonedHold 0: permit not released at once: %+v", st)
 	}
 }
 
@@ -769,7 +806,7 @@ func TestGracefulDrain(t *testing.T) {
 	var srv interface {
 		Serve(net.Listener) error
 		Shutdown(context.Context) error
-	} = &Server{Handler: h, Logger: quietLogger()}
+	} = &h1.Server{Refusal: Refusal, Handler: h, Logger: quietLogger()}
 	if underNetHTTP {
 		srv = &http.Server{Handler: h}
 	}

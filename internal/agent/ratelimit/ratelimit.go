@@ -28,8 +28,10 @@
 //   - (0, true): a token is available now; proceed.
 //   - (w, true), w > 0: a token was reserved for now+w; sleep w, then
 //     proceed. w <= maxWait.
-//   - (0, false): no token within maxWait; nothing was consumed and the
-//     limiter is unchanged. The caller answers with its fallback.
+//   - (w, false): no token within maxWait; nothing was consumed and the
+//     limiter is unchanged. w > maxWait is when the next token accrues if
+//     nobody else takes it: what an honest Retry-After says. The caller
+//     answers with its fallback.
 //
 // An unlimited Limiter (PerSecond <= 0, NaN or +Inf) always answers (0, true).
 //
@@ -196,7 +198,7 @@ func (l *Limiter) Reserve(now time.Time, maxWait time.Duration) (wait time.Durat
 	// the token, leaving tokens-1, and waits for -(tokens-1) == 1-tokens
 	// (negation is exact in IEEE 754) to accrue.
 	if need := durationFromTokens(1-tokens, l.p.limit); need > maxWait {
-		return 0, false // nothing reserved, nothing consumed
+		return need, false // nothing reserved, nothing consumed
 	}
 	// We hold l.mu, so nothing happened to the bucket since TokensAt: the
 	// reservation's delay is exactly need.

@@ -38,6 +38,15 @@ func run(cfg Config, steps []step) []result {
 			continue
 		}
 		w, ok := l.Reserve(now, s.maxWait)
+		if !ok {
+			// A refusal says when the next token accrues, beyond maxWait (checked
+			// exactly in TestRefusalSaysWhen); the tables compare the outcome only.
+			if w <= max(s.maxWait, 0) {
+				w = -1 // shows up as a mismatch
+			} else {
+				w = 0
+			}
+		}
 		got = append(got, result{Wait: w, OK: ok})
 	}
 	return got
@@ -325,5 +334,23 @@ func TestValidate(t *testing.T) {
 		if err := tt.cfg.Validate(); (err != nil) != tt.wantErr {
 			t.Errorf("%+v.Validate() = %v, wantErr %v", tt.cfg, err, tt.wantErr)
 		}
+	}
+}
+
+// TestRefusalSaysWhen: a refused Reserve returns when the next token accrues, the figure an
+// honest Retry-After is made of, and consumes nothing.
+func TestRefusalSaysWhen(t *testing.T) {
+	l := New(Config{PerSecond: 4, Burst: 1}, t0)
+	if w, ok := l.Reserve(t0, 0); !ok || w != 0 {
+		t.Fatalf("first: %v %v", w, ok)
+	}
+	if w, ok := l.Reserve(t0.Add(50*time.Millisecond), 10*time.Millisecond); ok || w != 200*time.Millisecond {
+		t.Fatalf("refused: %v %v, want 200ms false", w, ok)
+	}
+	if w, ok := l.Reserve(t0.Add(250*time.Millisecond), 0); !ok || w != 0 {
+		t.Fatalf("the token it named: %v %v, want it there at 250ms", w, ok)
+	}
+	if w, ok := New(Config{}, t0).Reserve(t0, 0); !ok || w != 0 {
+		t.Fatalf("unlimited: %v %v", w, ok)
 	}
 }

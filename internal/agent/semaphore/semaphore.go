@@ -27,6 +27,10 @@
 //     same moment ctx becomes done, Acquire gives the permit back (to the
 //     next waiter, in order) and returns ctx.Err(): a caller that gets an
 //     error never holds a permit.
+//   - With a bound on waiters (SetMaxWaiting(n), n >= 0), an Acquire that would have to wait
+//     while n callers already wait returns ErrQueueFull at once, holding nothing and queueing
+//     nothing. A negative bound (the default) is no bound. Lowering the bound never drops
+//     callers already waiting.
 //   - Release returns one permit; it panics if no permit is held.
 //   - SetLimit(n) never revokes permits already held. Lowering the limit
 //     makes new acquisitions wait until inFlight drops below n; raising it
@@ -40,8 +44,12 @@ package semaphore
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
+
+// ErrQueueFull is Acquire's answer when it would have to wait and the waiters' bound is reached.
+var ErrQueueFull = errors.New("semaphore: too many waiters")
 
 // Stats is a snapshot of a Semaphore.
 type Stats struct {
@@ -57,8 +65,10 @@ type Semaphore struct {
 	limit    int
 	inFlight int
 	waiting  int
-	head     *waiter // oldest waiter, next to be granted
-	tail     *waiter
+	// maxWaiting bounds waiting; negative: no bound.
+	maxWaiting int
+	head       *waiter // oldest waiter, next to be granted
+	tail       *waiter
 
 	pool sync.Pool // of *waiter
 
@@ -84,7 +94,21 @@ func New(limit int) *Semaphore {
 	if limit < 0 {
 		panic("semaphore: negative limit")
 	}
-	return &Semaphore{limit: limit}
+	return &Semaphore{limit: limit, maxWaiting: -1}
+}
+
+// MaxWaiting is the bound on waiters; negative: none.
+func (s *Semaphore) MaxWaiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxWaiting
+}
+
+// SetMaxWaiting bounds the callers that may wait in Acquire; n < 0 removes the bound.
+func (s *Semaphore) SetMaxWaiting(n int) {
+	s.mu.Lock()
+	s.maxWaiting = n
+	s.mu.Unlock()
 }
 
 // TryAcquire takes a permit without blocking. It succeeds only if a permit is
@@ -103,8 +127,9 @@ func (s *Semaphore) TryAcquire() bool {
 }
 
 // Acquire takes a permit, waiting in FIFO order behind earlier callers until
-// one is available or ctx is done. It returns nil if the permit was taken and
-// ctx.Err() otherwise; on error the caller holds nothing.
+// one is available or ctx is done. It returns nil if the permit was taken,
+// ErrQueueFull at once if it would have to wait while the bound on waiters is
+// reached, and ctx.Err() otherwise; on error the caller holds nothing.
 func (s *Semaphore) Acquire(ctx context.Context) error {
 	done := ctx.Done() // nil for context.Background: the selects below then never pick it
 
@@ -120,6 +145,10 @@ func (s *Semaphore) Acquire(ctx context.Context) error {
 		s.grantLocked()
 		s.mu.Unlock()
 		return nil
+	}
+	if s.maxWaiting >= 0 && s.waiting >= s.maxWaiting {
+		s.mu.Unlock()
+		return ErrQueueFull
 	}
 	w := s.getWaiter()
 	s.pushLocked(w)

@@ -511,3 +511,48 @@ func TestConcurrentLimitChanges(t *testing.T) {
 		t.Fatalf("after all workers finished: %+v, want nothing in flight or waiting (leak)", st)
 	}
 }
+
+// TestMaxWaiting: with a bound on waiters, an Acquire that would wait beyond it fails at once
+// with ErrQueueFull, queues nothing, and the bound frees up as waiters leave.
+func TestMaxWaiting(t *testing.T) {
+	s := New(1)
+	if s.MaxWaiting() >= 0 {
+		t.Fatalf("default bound %d, want none", s.MaxWaiting())
+	}
+	s.SetMaxWaiting(2)
+	if !s.TryAcquire() {
+		t.Fatal("TryAcquire failed")
+	}
+	granted, hold := enqueue(t, s, 2)
+	if err := s.Acquire(context.Background()); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third waiter: %v, want ErrQueueFull", err)
+	}
+	wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: 2})
+	// A free permit is taken without waiting, whatever the bound.
+	s.SetMaxWaiting(0)
+	s.Release() // to waiter 0
+	if got := <-granted; got != 0 {
+		t.Fatalf("granted %d, want 0", got)
+	}
+	if err := s.Acquire(context.Background()); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("bound 0 while one waits: %v, want ErrQueueFull", err)
+	}
+	close(hold[0]) // to waiter 1
+	if got := <-granted; got != 1 {
+		t.Fatalf("granted %d, want 1", got)
+	}
+	close(hold[1])
+	waitWaiting(t, s, 0)
+	for s.Stats().InFlight != 0 {
+		runtime.Gosched()
+	}
+	if err := s.Acquire(context.Background()); err != nil {
+		t.Fatalf("free permit with bound 0: %v", err)
+	}
+	s.SetMaxWaiting(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	if err := s.Acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no bound: %v, want to wait until the deadline", err)
+	}
+}

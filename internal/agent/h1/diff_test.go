@@ -1,4 +1,4 @@
-package proxy
+package h1
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/apportion/apportion/internal/agent/h1/h1test"
 )
 
 // The differential test of the data plane's server against net/http's: the same bytes on a
@@ -157,8 +159,8 @@ func (r *diffRig) check(t *testing.T, data []byte) {
 // corpus's requests.
 func serverCorpus() []string {
 	c := append(append([]string{}, requestHeads...), declinedRequests...)
-	for _, v := range smuggling {
-		c = append(c, v.raw)
+	for _, v := range h1test.Smuggling {
+		c = append(c, v.Raw)
 	}
 	return append(c,
 		"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",

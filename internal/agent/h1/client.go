@@ -1,4 +1,4 @@
-package proxy
+package h1
 
 import (
 	"bufio"
@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -18,8 +17,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// The lean upstream client: plain HTTP/1.1 over a pool of kept-alive connections per upstream
-// host, driven synchronously by the handler's goroutine. http.Transport spends two goroutines
+// Client: plain HTTP/1.1 over a pool of kept-alive connections per upstream host, driven
+// synchronously by the caller's goroutine. http.Transport spends two goroutines
 // per connection (readLoop, writeLoop) and channel handoffs between them and the caller on
 // every call; on the agent's small calls that machinery cost more CPU than the proxying. Here a
 // call without a request body is: write the head, flush, read the answer on the same goroutine.
@@ -29,46 +28,47 @@ import (
 //
 // Nothing is ever re-sent: a connection is taken from the pool only after a check that the
 // upstream has not closed it while idle (see alive), and once the request was written, any
-// failure is the call's failure (502, or 504 past RequestTimeout). A connection goes back to
-// the pool only when the answer's body ended cleanly, the answer allows keep-alive and the
-// request was written whole; anything else closes it.
+// failure is the call's failure, returned to the caller. A connection goes back to the pool
+// only when the answer's body ended cleanly, the answer allows keep-alive and the request was
+// written whole; anything else closes it.
 
 const (
-	// maxIdlePerHost bounds the idle connections kept per upstream host (http.Transport's
-	// MaxIdleConnsPerHost of NewTransport).
+	// maxIdlePerHost bounds the idle connections kept per upstream host (as the
+	// MaxIdleConnsPerHost of the agent's http.Transport).
 	maxIdlePerHost = 1024
-	// idleConnTimeout closes a connection idle for longer (NewTransport's IdleConnTimeout).
-	idleConnTimeout = 90 * time.Second
+	// DefaultIdleTimeout closes a connection idle for longer (as the agent's http.Transport's
+	// IdleConnTimeout).
+	DefaultIdleTimeout = 90 * time.Second
 	// upBufSize is the size of each connection's read and write buffers. Bodies larger than
 	// that bypass them (bufio reads and writes large slices directly).
 	upBufSize = 4 << 10
 	// bodyWriteGrace is how long a complete answer waits for the request body's writer to
 	// report before the connection is given up (http.Transport waits as long).
 	bodyWriteGrace = 50 * time.Millisecond
-	// maxResponseHeaderBytes bounds an answer's head (status line and fields, 1xx heads
-	// included): a downstream answering with an endless head must not take the agent's memory.
+	// MaxResponseHeaderBytes bounds an answer's head (status line and fields, 1xx heads
+	// included): an upstream answering with an endless head must not take the caller's memory.
 	// 1 MiB, as http.DefaultMaxHeaderBytes for requests; http.Transport's default is 10 MiB,
 	// which 1,024 pooled connections could not afford.
-	maxResponseHeaderBytes = 1 << 20
+	MaxResponseHeaderBytes = 1 << 20
 )
 
-// badResponseError is an answer the upstream client cannot read as HTTP/1.1: a head over
-// maxResponseHeaderBytes, a malformed head, a protocol switch nobody asked for. The app gets
-// 502 APPORTION_UPSTREAM_BAD_RESPONSE; the breaker counts it (the downstream misbehaves).
-type badResponseError struct {
-	reason string
-	err    error
+// BadResponseError is an answer Client cannot read as HTTP/1.1: a head over
+// MaxResponseHeaderBytes, a malformed head, a protocol switch nobody asked for. The upstream
+// misbehaves; its connection is closed.
+type BadResponseError struct {
+	Reason string // what is wrong with the answer, for people
+	Err    error  // the parser's error, if any
 }
 
-func (e *badResponseError) Error() string { return "bad response from the upstream: " + e.reason }
-func (e *badResponseError) Unwrap() error { return e.err }
+func (e *BadResponseError) Error() string { return "bad response from the upstream: " + e.Reason }
+func (e *BadResponseError) Unwrap() error { return e.Err }
 
 var errResponseHeadTooLarge = errors.New("response head too large")
 
-// leanEligible reports whether the lean client can send r to u: plain http, no protocol
-// upgrade (the ReverseProxy hijacks the app's connection for it), no Expect: 100-continue
-// (http.Transport waits for the upstream's 100 before sending the body).
-func leanEligible(r *http.Request, u *url.URL) bool {
+// CanSend reports whether Client can send r to u: plain http, no protocol upgrade (which needs
+// the caller's connection hijacked and tunnelled), no Expect: 100-continue (Client does not wait
+// for an upstream's 100 before it sends the body). http.Transport sends the rest.
+func CanSend(r *http.Request, u *url.URL) bool {
 	if u.Scheme != "http" {
 		return false
 	}
@@ -81,20 +81,27 @@ func leanEligible(r *http.Request, u *url.URL) bool {
 	return true
 }
 
-// upstreamPool holds the idle connections of every upstream host.
-type upstreamPool struct {
+// Client is the HTTP/1.1 client: it holds the idle connections of every upstream host. Its
+// zero value is not usable; use NewClient.
+type Client struct {
 	hosts  sync.Map // host (URL.Host) -> *hostPool
 	dialer net.Dialer
-	// idleTimeout closes a connection idle for longer (idleConnTimeout; tests shorten it).
+	// idleTimeout closes a connection idle for longer (DefaultIdleTimeout; tests shorten it
+	// with SetIdleTimeout).
 	idleTimeout time.Duration
 	// reaping: a timer is set to close the connections that will have been idle too long (see
 	// reap).
 	reaping atomic.Bool
 }
 
-func newUpstreamPool() *upstreamPool {
-	return &upstreamPool{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}, idleTimeout: idleConnTimeout}
+// NewClient returns a Client that dials with a 10 s timeout and TCP keep-alive every 30 s and
+// closes connections idle for DefaultIdleTimeout.
+func NewClient() *Client {
+	return &Client{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}, idleTimeout: DefaultIdleTimeout}
 }
+
+// SetIdleTimeout changes how long a connection may stay idle; call it before the first Do.
+func (p *Client) SetIdleTimeout(d time.Duration) { p.idleTimeout = d }
 
 type hostPool struct {
 	addr string // host:port to dial
@@ -129,7 +136,7 @@ func (l *headLimit) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (p *upstreamPool) host(host string) *hostPool {
+func (p *Client) host(host string) *hostPool {
 	if hp, ok := p.hosts.Load(host); ok {
 		return hp.(*hostPool)
 	}
@@ -143,7 +150,7 @@ func (p *upstreamPool) host(host string) *hostPool {
 
 // get returns a connection to host with deadline set: an idle one the upstream has not closed,
 // or a new one.
-func (p *upstreamPool) get(host string, deadline time.Time) (*upConn, error) {
+func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
 	hp := p.host(host)
 	now := time.Now()
 	for {
@@ -185,7 +192,7 @@ func (p *upstreamPool) get(host string, deadline time.Time) (*upConn, error) {
 }
 
 // put returns a connection whose last exchange ended cleanly to the idle pool of host.
-func (p *upstreamPool) put(host string, uc *upConn) {
+func (p *Client) put(host string, uc *upConn) {
 	hp := p.host(host)
 	uc.idleSince = time.Now()
 	hp.mu.Lock()
@@ -209,7 +216,7 @@ func (p *upstreamPool) put(host string, uc *upConn) {
 // again for when the oldest of the rest will be, while any is left. Without it, the connections
 // (and their descriptors) of an upstream no longer called would stay open forever, since get
 // and put only look at the host they serve. A connection is closed at most idleTimeout late.
-func (p *upstreamPool) reap() {
+func (p *Client) reap() {
 	now := time.Now()
 	var stale []*upConn
 	next := time.Duration(-1)
@@ -241,8 +248,8 @@ func (p *upstreamPool) reap() {
 	}
 }
 
-// closeIdle closes every idle connection.
-func (p *upstreamPool) closeIdle() {
+// CloseIdleConnections closes every idle connection.
+func (p *Client) CloseIdleConnections() {
 	p.hosts.Range(func(_, v any) bool {
 		hp := v.(*hostPool)
 		hp.mu.Lock()
@@ -264,127 +271,150 @@ func (uc *upConn) alive() bool {
 	return uc.br.Buffered() == 0 && uc.peek.idle()
 }
 
-// forwardLean sends the call to a plain http upstream and passes its answer to the app; see the
-// comment at the top of this file.
-func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
-	u := c.cfg.Upstream
-	c.sent = time.Now()
-	uc, err := h.up.get(u.Host, c.deadline)
-	if err != nil {
-		c.fail(w, err)
-		return
-	}
-	reusable := false
-	defer func() {
-		if reusable {
-			h.up.put(u.Host, uc)
-		} else {
-			uc.close()
-		}
-	}()
+// Target is where Do sends a request, and the fields of its head that are the caller's rather
+// than the request's.
+type Target struct {
+	// Host is the upstream's host[:port], as in a URL: dialled (port 80 when none is given) and
+	// sent as the Host field.
+	Host string
+	// Path is the escaped request path ("" is sent as "/"); RawQuery the query, without '?'.
+	Path, RawQuery string
+	// ForwardedFor, when not empty, is sent as the X-Forwarded-For field. The request's own
+	// X-Forwarded-For is never sent: a proxy computes the chain (see the proxy package).
+	ForwardedFor string
+}
 
-	writeRequestHead(uc.bw, r, c, u.Host)
-	var bodyDone chan error // nil: no request body
-	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
-		bodyDone = make(chan error, 1)
-		go func() { bodyDone <- uc.writeBody(r.Body, r.ContentLength) }()
+// Do sends req to t and returns the upstream's final answer (informational ones other than 101
+// are dropped; a 101 is a *BadResponseError, as Do sends no upgrade); deadline bounds the
+// whole exchange, body included (it is the connection's deadline: no timer per call).
+//
+// The head is req's method, t's target and Host, req's header without its hop-by-hop fields
+// (IsHopByHop, and those named in its Connection field; "TE: trailers" is kept), without Host,
+// Content-Length and X-Forwarded-For, and with framing of Do's own: Content-Length when
+// req.ContentLength > 0, chunked when it is unknown (-1) with a body, Content-Length: 0 for a
+// POST, PUT or PATCH without one.
+//
+// Nothing is ever re-sent. The error is the connection's (dial, write, read: a *net.OpError,
+// os.ErrDeadlineExceeded, io.ErrUnexpectedEOF, ...) or a *BadResponseError; a failure to read
+// req.Body is joined with the error of the exchange it cut short.
+//
+// The answer's body must be read to its end or closed: that ends the exchange, returns the
+// connection to the pool when the body ended cleanly, the answer allows keep-alive and the
+// request was written whole, and waits for the request body's writer. A body whose reading
+// fails has already closed its connection. Do never closes req.Body, except to end a read of it
+// that blocks the writer when the answer ended and the writer has not finished within
+// bodyWriteGrace (the upstream did not want the rest): req.Body's Close must then end that
+// read.
+func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Response, error) {
+	uc, err := p.get(t.Host, deadline)
+	if err != nil {
+		return nil, err
+	}
+	ex := &exchange{p: p, uc: uc, host: t.Host, reqBody: req.Body}
+	writeRequestHead(uc.bw, req, t)
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0 {
+		ex.bodyDone = make(chan error, 1)
+		go func() { ex.bodyDone <- uc.writeBody(req.Body, req.ContentLength) }()
 	} else if err := uc.bw.Flush(); err != nil {
-		c.fail(w, err)
-		return
-	}
-	// waitBody waits for the request body's writer and reports whether the whole request was
-	// sent. When the answer is complete (or failed) and the writer has not finished within
-	// bodyWriteGrace (it may just be returning), the upstream did not want the rest: the
-	// connection is closed to end the writer, and cannot be reused.
-	waitBody := func() bool {
-		if bodyDone == nil {
-			return true
-		}
-		select {
-		case err := <-bodyDone:
-			bodyDone = nil
-			return err == nil
-		default:
-		}
-		t := time.NewTimer(bodyWriteGrace)
-		defer t.Stop()
-		select {
-		case err := <-bodyDone:
-			bodyDone = nil
-			return err == nil
-		case <-t.C:
-		}
-		// The writer is blocked writing upstream (closing the connection ends that) or reading
-		// the app's body (ending that read ends it).
 		uc.close()
-		c.abortBodyRead()
-		<-bodyDone //nolint:errcheck // it fails: its connection was just closed
-		bodyDone = nil
-		return false
+		return nil, err
 	}
-	defer waitBody() // on every way out, a panic included: the writer must not outlive the call
-
 	// The body is read to its end or its connection closed; Close would drain it.
-	res, err := readResponse(uc.br, &uc.lr, r) //nolint:bodyclose // see above
+	res, err := readResponse(uc.br, &uc.lr, req) //nolint:bodyclose // see above
 	if err != nil {
-		waitBody()
-		if c.failApp(w, err) {
-			return
-		}
-		c.fail(w, err)
-		return
+		ex.waitBody()
+		uc.close()
+		return nil, err
 	}
-	c.gotResponse(res) // res.Body is now c, which notes a broken body and tees
+	ex.body, ex.close = res.Body, res.Close
+	res.Body = ex
+	return res, nil
+}
 
-	removeHopByHop(res.Header)
-	dst := w.Header()
-	for k, v := range res.Header {
-		dst[k] = v
-	}
-	w.WriteHeader(res.StatusCode)
+// exchange is one request on a connection, from the head written to the answer's body ended:
+// the answer's body as Do returns it.
+type exchange struct {
+	p       *Client
+	uc      *upConn
+	host    string
+	reqBody io.ReadCloser
+	// bodyDone reports the request body's writer's end; nil: no request body, or it reported.
+	bodyDone chan error
+	body     io.ReadCloser // the answer's body as read from the connection
+	close    bool          // the answer does not allow keep-alive
+	ended    bool          // the connection was pooled or closed
+}
 
-	// Like httputil.ReverseProxy: a body of unknown length (chunked, or up to the close) or an
-	// event stream is flushed as it arrives; any other is written through the server's buffer.
-	var rc *http.ResponseController
-	if res.ContentLength == -1 || isEventStream(res.Header) {
-		rc = http.NewResponseController(w)
+// waitBody waits for the request body's writer and reports whether the whole request was
+// sent. When the answer is complete (or failed) and the writer has not finished within
+// bodyWriteGrace (it may just be returning), the upstream did not want the rest: the
+// connection is closed to end the writer, and cannot be reused.
+func (ex *exchange) waitBody() bool {
+	if ex.bodyDone == nil {
+		return true
 	}
-	buf := copyBuffers.Get().(*[copyBufferSize]byte)
-	defer copyBuffers.Put(buf)
-	for {
-		n, rerr := c.Read(buf[:])
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the app left; the rest of the body is unread: the connection is closed
-			}
-			if rc != nil {
-				if rc.Flush() != nil {
-					return
-				}
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			// The upstream broke after its header was passed on: cut the answer, the only
-			// honest signal left (the server aborts the connection on ErrAbortHandler).
-			uc.close()
-			waitBody()
-			panic(http.ErrAbortHandler)
-		}
+	select {
+	case err := <-ex.bodyDone:
+		ex.bodyDone = nil
+		return err == nil
+	default:
 	}
-	// Trailers, known only now that the body ended, under the TrailerPrefix convention.
-	for k, v := range res.Trailer {
-		dst[http.TrailerPrefix+k] = v
+	t := time.NewTimer(bodyWriteGrace)
+	defer t.Stop()
+	select {
+	case err := <-ex.bodyDone:
+		ex.bodyDone = nil
+		return err == nil
+	case <-t.C:
 	}
-	reusable = waitBody() && !res.Close
+	// The writer is blocked writing upstream (closing the connection ends that) or reading the
+	// request body (closing it ends that: see Do).
+	ex.uc.close()
+	_ = ex.reqBody.Close()
+	<-ex.bodyDone //nolint:errcheck // it fails: its connection was just closed
+	ex.bodyDone = nil
+	return false
+}
+
+// Read reads the answer's body; its end (io.EOF) or failure ends the exchange.
+func (ex *exchange) Read(b []byte) (int, error) {
+	if ex.ended {
+		return 0, errors.New("h1: read of an ended answer body")
+	}
+	n, err := ex.body.Read(b)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		ex.ended = true
+		if ex.waitBody() && !ex.close {
+			ex.p.put(ex.host, ex.uc)
+		} else {
+			ex.uc.close()
+		}
+	default:
+		// Broken after the head: the connection cannot be used again.
+		ex.ended = true
+		ex.uc.close()
+		ex.waitBody()
+	}
+	return n, err
+}
+
+// Close ends an exchange whose answer's body was not read to its end: the connection is closed
+// (the rest cannot be skipped reliably) once the request body's writer has finished.
+func (ex *exchange) Close() error {
+	if !ex.ended {
+		ex.ended = true
+		ex.waitBody()
+		ex.uc.close()
+	}
+	return nil
 }
 
 // readResponse reads the upstream's final answer; informational answers other than 101 are
 // dropped (the lean path never sends Expect, and 103 hints are optional). A 101 to a request
 // that asked for no upgrade is an error. lim (nil: none) is the reader under br: each head may
-// take at most maxResponseHeaderBytes from the connection (plus what br buffered before), the
+// take at most MaxResponseHeaderBytes from the connection (plus what br buffered before), the
 // body any amount. Errors of the answer itself (too large, malformed, a 101) are
 // *badResponseError; those of the connection are returned as they are.
 func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Response, error) {
@@ -392,7 +422,7 @@ func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Resp
 		// Wait for the answer's first bytes; a head whole in them and in the common subset is
 		// read without net/http (see head.go).
 		if lim != nil {
-			lim.remain = maxResponseHeaderBytes
+			lim.remain = MaxResponseHeaderBytes
 		}
 		_, err := br.Peek(1)
 		if err != nil {
@@ -412,7 +442,7 @@ func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Resp
 		}
 		switch {
 		case res.StatusCode == http.StatusSwitchingProtocols:
-			return nil, &badResponseError{reason: "the upstream switched protocols unasked"}
+			return nil, &BadResponseError{Reason: "the upstream switched protocols unasked"}
 		case res.StatusCode >= 100 && res.StatusCode < 200:
 			continue
 		}
@@ -426,18 +456,16 @@ func headError(err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, errResponseHeadTooLarge):
-		return &badResponseError{reason: "its head is larger than " + strconv.Itoa(maxResponseHeaderBytes>>20) + " MiB", err: err}
+		return &BadResponseError{Reason: "its head is larger than " + strconv.Itoa(MaxResponseHeaderBytes>>20) + " MiB", Err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.As(err, &ne), errors.Is(err, net.ErrClosed):
 		return err
 	}
-	return &badResponseError{reason: "malformed head", err: err}
+	return &BadResponseError{Reason: "malformed head", Err: err}
 }
 
-// writeRequestHead writes the upstream request's line and header into bw (not flushed): the
-// app's header without hop-by-hop fields, Host the upstream's, X-Forwarded-For extended,
-// framing of our own.
-func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
-	path, query := c.upstreamTarget(r.URL.RawQuery)
+// writeRequestHead writes the request line and header into bw (not flushed): see Do.
+func writeRequestHead(bw *bufio.Writer, r *http.Request, t Target) {
+	path, query := t.Path, t.RawQuery
 	if path == "" {
 		path = "/"
 	}
@@ -449,14 +477,14 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 		_, _ = bw.WriteString(query)
 	}
 	_, _ = bw.WriteString(" HTTP/1.1\r\nHost: ")
-	_, _ = bw.WriteString(host)
+	_, _ = bw.WriteString(t.Host)
 	_, _ = bw.WriteString("\r\n")
 	named := connectionTokens(r.Header)
 	for k, vv := range r.Header {
-		if isHopByHop(k) || k == "X-Forwarded-For" || k == "Content-Length" || k == "Host" ||
+		if IsHopByHop(k) || k == "X-Forwarded-For" || k == "Content-Length" || k == "Host" ||
 			(named != nil && named[k]) {
 			if k == "Te" && httpguts.HeaderValuesContainsToken(vv, "trailers") {
-				_, _ = bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the app can take trailers
+				_, _ = bw.WriteString("Te: trailers\r\n") // as the ReverseProxy: the caller can take trailers
 			}
 			continue
 		}
@@ -467,9 +495,9 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 			_, _ = bw.WriteString("\r\n")
 		}
 	}
-	if xff, ok := forwardedFor(r.Header, r.RemoteAddr); ok {
+	if t.ForwardedFor != "" {
 		_, _ = bw.WriteString("X-Forwarded-For: ")
-		_, _ = bw.WriteString(xff)
+		_, _ = bw.WriteString(t.ForwardedFor)
 		_, _ = bw.WriteString("\r\n")
 	}
 	switch {
@@ -485,15 +513,15 @@ func writeRequestHead(bw *bufio.Writer, r *http.Request, c *call, host string) {
 	_, _ = bw.WriteString("\r\n")
 }
 
-// errAppBody marks a failure to read the app's request body (as opposed to writing upstream).
-var errAppBody = errors.New("reading the request body")
+// errBodyRead marks a failure to read the request body (as opposed to writing upstream).
+var errBodyRead = errors.New("reading the request body")
 
 // writeBody sends the request body (chunked when its length is unknown, so each piece is
-// flushed as the app sends it) and flushes. A body the app fails to deliver closes the
+// flushed as it is read) and flushes. A body that fails to be read whole closes the
 // connection: the upstream must not take a truncated body for a whole one, and the answer
 // reader then fails at once instead of waiting for the deadline.
 func (uc *upConn) writeBody(body io.Reader, length int64) error {
-	buf := copyBuffers.Get().(*[copyBufferSize]byte)
+	buf := copyBuffers.Get().(*[BufferSize]byte)
 	defer copyBuffers.Put(buf)
 	chunked := length < 0
 	var sent int64
@@ -521,65 +549,15 @@ func (uc *upConn) writeBody(body io.Reader, length int64) error {
 		}
 		if rerr != nil {
 			uc.close()
-			return errors.Join(errAppBody, rerr)
+			return errors.Join(errBodyRead, rerr)
 		}
 	}
 	if !chunked && sent != length {
 		uc.close()
-		return errors.Join(errAppBody, io.ErrUnexpectedEOF)
+		return errors.Join(errBodyRead, io.ErrUnexpectedEOF)
 	}
 	if chunked {
 		_, _ = uc.bw.WriteString("0\r\n\r\n")
 	}
 	return uc.bw.Flush()
-}
-
-// hop-by-hop header fields (RFC 9110 §7.6.1 and the older Keep-Alive, Proxy-Connection), in
-// canonical form.
-func isHopByHop(k string) bool {
-	switch k {
-	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-		"Te", "Trailer", "Transfer-Encoding", "Upgrade":
-		return true
-	}
-	return false
-}
-
-// connectionTokens returns the header names listed in Connection, canonical; nil when none (no
-// allocation in the usual case).
-func connectionTokens(h http.Header) map[string]bool {
-	vv := h["Connection"]
-	if len(vv) == 0 {
-		return nil
-	}
-	var m map[string]bool
-	for _, v := range vv {
-		for tok := range strings.SplitSeq(v, ",") {
-			if tok = strings.TrimSpace(tok); tok != "" {
-				if m == nil {
-					m = map[string]bool{}
-				}
-				m[textproto.CanonicalMIMEHeaderKey(tok)] = true
-			}
-		}
-	}
-	return m
-}
-
-// removeHopByHop deletes the hop-by-hop fields of a response header, those named in its
-// Connection field included.
-func removeHopByHop(h http.Header) {
-	for k := range connectionTokens(h) {
-		delete(h, k)
-	}
-	for k := range h { // one pass over the few fields, rather than a delete per hop-by-hop name
-		if isHopByHop(k) {
-			delete(h, k)
-		}
-	}
-}
-
-func isEventStream(h http.Header) bool {
-	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
-	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }

@@ -1,4 +1,4 @@
-package proxy
+package h1
 
 import (
 	"bufio"
@@ -20,8 +20,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// Server is the data plane's HTTP/1.1 server: one goroutine per app connection that reads a
-// request (http.ReadRequest), runs the handler and writes the answer, then waits for the next.
+// Server is the HTTP/1.1 server: one goroutine per connection that reads a request (in one pass,
+// or with http.ReadRequest), runs Handler and writes the answer, then waits for the next.
 //
 // Why not http.Server: it starts a background read on the connection for every request (to
 // notice the client leaving) and parks and wakes it again when the handler is done; with the
@@ -42,6 +42,12 @@ type Server struct {
 	MaxHeaderBytes int
 	// Logger gets handler panics (but ErrAbortHandler) at error level; nil: slog.Default().
 	Logger *slog.Logger
+	// Refusal gives the body of the answer to a request the server refuses before any handler
+	// sees it (400 malformed, 417 an Expect other than 100-continue, 431 a head too large, 501 a
+	// transfer coding other than chunked, 505 a version other than HTTP/1.x), and its
+	// Content-Type; reason names the check that failed. nil: the status text and reason as
+	// text/plain.
+	Refusal func(status int, reason string) (contentType string, body []byte)
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -729,24 +735,16 @@ func (c *srvConn) badRequest(err error) {
 	}
 }
 
-// reject answers a request that cannot be served and lets the connection close: a
-// problem+json whose code names the app's error, and whose detail names the check that failed
-// (never an address or the request's bytes).
+// reject answers a request that cannot be served and lets the connection close: the body
+// Server.Refusal gives, or the status text and msg as plain text (msg names the check that
+// failed, never an address or the request's bytes).
 func (c *srvConn) reject(code int, msg string) {
-	pcode := CodeBadRequest
-	switch code {
-	case http.StatusRequestHeaderFieldsTooLarge:
-		pcode = CodeHeaderTooLarge
-	case http.StatusExpectationFailed:
-		pcode = CodeExpectationFailed
-	case http.StatusHTTPVersionNotSupported:
-		pcode = CodeHTTPVersionNotSupported
-	case http.StatusNotImplemented:
-		pcode = CodeTransferEncodingNotImplemented
+	contentType, b := "text/plain; charset=utf-8", []byte(http.StatusText(code)+": "+msg)
+	if c.s.Refusal != nil {
+		contentType, b = c.s.Refusal(code, msg)
 	}
-	b := problemJSON(code, pcode, http.StatusText(code), msg, "")
 	_, _ = c.bw.WriteString("HTTP/1.1 " + strconv.Itoa(code) + " " + http.StatusText(code) +
-		"\r\nContent-Type: application/problem+json\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: " +
+		"\r\nContent-Type: " + contentType + "\r\nCache-Control: no-store\r\nConnection: close\r\nContent-Length: " +
 		strconv.Itoa(len(b)) + "\r\n\r\n")
 	_, _ = c.bw.Write(b)
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package proxy
+package h1
 
 import "net"
 

@@ -1,0 +1,28 @@
+// Package h1 is the agent's HTTP/1.1 engine: a server that serves an http.Handler to the app
+// over its connections (Server), and a client that sends requests to plain http upstreams over
+// pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
+// http.ResponseWriter with http.ResponseController's deadlines, flushing and hijacking,
+// *http.Request, *http.Response) and knows nothing of downstreams, permits, breakers or
+// fallbacks: that policy is package proxy's, served by it.
+//
+// Why its own engine, for CPU (see docs/benchmarks.md): http.Server starts a background read
+// per request and http.Transport two goroutines per connection with channel handoffs per call;
+// on the agent's small calls that machinery cost more than the proxying. Server and Client
+// drive a connection from one goroutine, read small heads in one pass (head.go) and read and
+// write sockets with raw non-blocking system calls (rawio_linux.go).
+//
+// What is guaranteed:
+//
+//   - Server reads exactly what net/http's server reads from the same bytes, and refuses what
+//     it refuses (400, 417, 431, 501, 505, closing the connection), but for two deliberate
+//     differences allowed by the RFC: a request with both Content-Length and Transfer-Encoding
+//     closes the connection after its answer (RFC 9112 §6.1), and the HTTP/2 preface is refused
+//     with 505. FuzzServerDifferential holds it to that on arbitrary input; FuzzRequestHead and
+//     FuzzResponseHead hold the one-pass head readers to net/http's.
+//   - Client never sends a request twice: a pooled connection is checked before it is reused
+//     (peek_linux.go), and any failure after the request was written is returned.
+//   - Hop-by-hop fields (IsHopByHop, RemoveHopByHop) are the one list of the agent.
+//
+// Not done: HTTP/2, TLS, Content-Type sniffing, protocol upgrades and Expect: 100-continue on
+// the client side (CanSend tells; http.Transport sends those).
+package h1

@@ -1,0 +1,100 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/h1"
+)
+
+// forwardLean sends the call to a plain http upstream with the engine's client (package h1) and
+// passes its answer to the app, as httputil.ReverseProxy would: hop-by-hop fields removed, a
+// body of unknown length or an event stream flushed as it arrives, trailers after the body.
+func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
+	u := c.cfg.Upstream
+	path, query := c.upstreamTarget(r.URL.RawQuery)
+	t := h1.Target{Host: u.Host, Path: path, RawQuery: query}
+	if xff, ok := forwardedFor(r.Header, r.RemoteAddr); ok {
+		t.ForwardedFor = xff
+	}
+	if c.ab.rc != nil {
+		// The client closes the body only to end a read of it stuck past the answer: then the
+		// app's read is cut (see abortBodyRead).
+		r.Body = (*leanBody)(c)
+	}
+	c.sent = time.Now()
+	res, err := h.up.Do(r, t, c.deadline) // the deadline is the connection's
+	if err != nil {
+		if c.failApp(w, err) {
+			return
+		}
+		c.fail(w, err)
+		return
+	}
+	body := res.Body
+	// On every way out, a panic included: the exchange ends (its connection pooled or closed)
+	// and the request body's writer does not outlive the call.
+	defer body.Close()
+	c.gotResponse(res) // res.Body is now c, which notes a broken body and tees
+
+	h1.RemoveHopByHop(res.Header)
+	dst := w.Header()
+	for k, v := range res.Header {
+		dst[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+
+	// Like httputil.ReverseProxy: a body of unknown length (chunked, or up to the close) or an
+	// event stream is flushed as it arrives; any other is written through the server's buffer.
+	var rc *http.ResponseController
+	if res.ContentLength == -1 || isEventStream(res.Header) {
+		rc = http.NewResponseController(w)
+	}
+	buf := bufferPool.Get()
+	defer bufferPool.Put(buf)
+	for {
+		n, rerr := c.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the app left; the rest of the body is unread: the connection is closed
+			}
+			if rc != nil {
+				if rc.Flush() != nil {
+					return
+				}
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			// The upstream broke after its header was passed on (the client closed its
+			// connection): cut the answer, the only honest signal left (the server aborts the
+			// connection on ErrAbortHandler).
+			panic(http.ErrAbortHandler)
+		}
+	}
+	// Trailers, known only now that the body ended, under the TrailerPrefix convention.
+	for k, v := range res.Trailer {
+		dst[http.TrailerPrefix+k] = v
+	}
+}
+
+// leanBody is the app's request body as the engine's client reads it: c.ab, whose Close cuts a
+// read in progress (the client's only use of Close).
+type leanBody call
+
+func (b *leanBody) Read(p []byte) (int, error) { return b.ab.Read(p) }
+
+func (b *leanBody) Close() error {
+	(*call)(b).abortBodyRead()
+	return nil
+}
+
+func isEventStream(h http.Header) bool {
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
