@@ -224,10 +224,10 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		app := corev1.Container{Name: "app", Image: "app"}
 		// An annotated pod, a pod whose agent is a native sidecar (as the injector puts it), and
 		// one without any agent.
-		mk("gateway-a", corev1.PodSpec{Containers: []corev1.Container{app}}, map[string]string{AgentPortAnnotation: "15000"})
+		mk("gateway-a", corev1.PodSpec{Containers: []corev1.Container{app}}, map[string]string{apportionv1.AgentPortAnnotation: "15000"})
 		mk("gateway-b", corev1.PodSpec{Containers: []corev1.Container{app}, InitContainers: []corev1.Container{{
 			Name: "apportion-agent", Image: "agent", RestartPolicy: &always,
-			Ports: []corev1.ContainerPort{{Name: AgentPortName, ContainerPort: 15000}},
+			Ports: []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 15000}},
 		}}}, nil)
 		mk("gateway-c", corev1.PodSpec{Containers: []corev1.Container{app}}, nil)
 		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
@@ -242,7 +242,7 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		// Annotated after all: the condition clears.
 		var c corev1.Pod
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gateway-c"}, &c)).To(Succeed())
-		c.Annotations = map[string]string{AgentPortAnnotation: "15000"}
+		c.Annotations = map[string]string{apportionv1.AgentPortAnnotation: "15000"}
 		Expect(k8sClient.Update(ctx, &c)).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(condition(apportionv1.ConditionPodsWithoutAgent), HavePrefix("False")),

@@ -59,7 +59,7 @@ var _ = Describe("Trust ConfigMap", Ordered, func() {
 	ctx := context.Background()
 
 	It("is kept in a namespace labelled for injection before any quota exists, and follows key changes", func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{InjectionLabel: InjectionEnabled}}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{apportionv1.InjectionLabel: apportionv1.InjectionEnabled}}}
 		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
 		Eventually(getTrust(ctx, ns.Name)).Should(Equal(map[string]string{"k1.pem": "public key 1"}))
 		var cm corev1.ConfigMap

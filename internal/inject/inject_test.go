@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 )
 
 func testConfig() Config {
@@ -129,8 +131,8 @@ func TestMutateInjectsANativeSidecar(t *testing.T) {
 			t.Errorf("agent identity %s is not from the downward API: %+v", e.Name, e)
 		}
 	}
-	if got := p.Annotations[AgentPortAnnotation]; got != "15000" {
-		t.Errorf("annotation %s = %q; want 15000", AgentPortAnnotation, got)
+	if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "15000" {
+		t.Errorf("annotation %s = %q; want 15000", apportionv1.AgentPortAnnotation, got)
 	}
 	wantEnv := []corev1.EnvVar{{Name: "APPORTION_LOGISTICS_URL", Value: "http://127.0.0.1:15001/logistics"}}
 	if diff := cmp.Diff(wantEnv, p.Spec.Containers[0].Env); diff != "" {
@@ -169,7 +171,7 @@ func TestMutateTwoQuotasOneAgent(t *testing.T) {
 func TestMutateKeepsWhatThePodSets(t *testing.T) {
 	p := MakePod("gateway-1").
 		Env(0, "APPORTION_LOGISTICS_URL", "http://mine/logistics").
-		Annotation(AgentPortAnnotation, "16000").Obj()
+		Annotation(apportionv1.AgentPortAnnotation, "16000").Obj()
 	mustMutate(t, p, "logistics", "recommend")
 	want := []corev1.EnvVar{
 		{Name: "APPORTION_LOGISTICS_URL", Value: "http://mine/logistics"},
@@ -178,8 +180,8 @@ func TestMutateKeepsWhatThePodSets(t *testing.T) {
 	if diff := cmp.Diff(want, p.Spec.Containers[0].Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
 	}
-	if got := p.Annotations[AgentPortAnnotation]; got != "16000" {
-		t.Errorf("the pod's own %s was overwritten: %q", AgentPortAnnotation, got)
+	if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "16000" {
+		t.Errorf("the pod's own %s was overwritten: %q", apportionv1.AgentPortAnnotation, got)
 	}
 }
 
@@ -188,7 +190,7 @@ func TestMutateLeavesAlone(t *testing.T) {
 	mustMutate(t, injected, "logistics")
 	for name, p := range map[string]*corev1.Pod{
 		"no quota":           MakePod("p").Obj(),
-		"opted out":          MakePod("p").Annotation(InjectAnnotation, "false").Obj(),
+		"opted out":          MakePod("p").Annotation(apportionv1.InjectAnnotation, "false").Obj(),
 		"hand-written agent": MakePod("p").Container(corev1.Container{Name: AgentContainerName, Image: "agent"}).Obj(),
 		"already injected":   injected,
 	} {
@@ -232,7 +234,7 @@ func TestMutateRefuses(t *testing.T) {
 		"bad quantity":        {MakePod("p").Annotation(MemoryRequestAnnotation, "lots").Obj(), MemoryRequestAnnotation},
 		"negative quantity":   {MakePod("p").Annotation(CPURequestAnnotation, "-1").Obj(), CPURequestAnnotation},
 		"request above limit": {MakePod("p").Annotation(MemoryRequestAnnotation, "1Gi").Obj(), "above its limit"},
-		"inject typo":         {MakePod("p").Annotation(InjectAnnotation, "no").Obj(), InjectAnnotation},
+		"inject typo":         {MakePod("p").Annotation(apportionv1.InjectAnnotation, "no").Obj(), apportionv1.InjectAnnotation},
 		"volume name taken": {MakePod("p").Volume(corev1.Volume{Name: TrustVolumeName,
 			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}).Obj(), TrustVolumeName},
 	} {

@@ -24,7 +24,7 @@ import (
 func newNamespace(ctx context.Context, labelled bool) string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inj-" + rand.String(8)}}
 	if labelled {
-		ns.Labels = map[string]string{NamespaceLabel: NamespaceLabelValue}
+		ns.Labels = map[string]string{apportionv1.InjectionLabel: apportionv1.InjectionEnabled}
 	}
 	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
 	return ns.Name
@@ -119,7 +119,7 @@ var _ = Describe("Agent injection", func() {
 		Expect(a.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
 		Expect(p.Spec.InitContainers[0].Name).To(Equal(AgentContainerName))
 		Expect(envOf(p.Spec.Containers[0])).To(HaveKeyWithValue("APPORTION_LOGISTICS_URL", "http://127.0.0.1:15001/logistics"))
-		Expect(p.Annotations).To(HaveKeyWithValue(AgentPortAnnotation, "15000"))
+		Expect(p.Annotations).To(HaveKeyWithValue(apportionv1.AgentPortAnnotation, "15000"))
 		vol, _, _, _ := TrustMaterial()
 		Expect(p.Spec.Volumes).To(ContainElement(HaveField("Name", vol.Name)))
 
@@ -144,7 +144,7 @@ var _ = Describe("Agent injection", func() {
 		create(ctx, d, other, quota(ns, "logistics", "gateway"))
 
 		out := replicaSetPod(d)
-		out.Annotations = map[string]string{InjectAnnotation: "false"}
+		out.Annotations = map[string]string{apportionv1.InjectAnnotation: "false"}
 		Expect(k8sClient.Create(ctx, out)).To(Succeed())
 		Expect(out.Spec.InitContainers).To(BeEmpty(), "opted out")
 		Expect(out.Spec.Containers[0].Env).To(BeEmpty())
@@ -152,7 +152,7 @@ var _ = Describe("Agent injection", func() {
 		none := replicaSetPod(other)
 		Expect(k8sClient.Create(ctx, none)).To(Succeed())
 		Expect(none.Spec.InitContainers).To(BeEmpty(), "a pod of no target")
-		Expect(none.Annotations).NotTo(HaveKey(AgentPortAnnotation))
+		Expect(none.Annotations).NotTo(HaveKey(apportionv1.AgentPortAnnotation))
 	})
 
 	It("is a no-op on a second admission and on a hand-written sidecar", func() {
@@ -172,7 +172,7 @@ var _ = Describe("Agent injection", func() {
 
 		hand := replicaSetPod(d)
 		hand.Spec.Containers = append(hand.Spec.Containers, corev1.Container{Name: AgentContainerName, Image: "agent:hand",
-			Ports: []corev1.ContainerPort{{Name: ControlPortName, ContainerPort: ControlPort}}})
+			Ports: []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: ControlPort}}})
 		Expect(k8sClient.Create(ctx, hand)).To(Succeed())
 		Expect(hand.Spec.InitContainers).To(BeEmpty(), "a hand-written sidecar is kept as it is")
 		Expect(hand.Spec.Containers).To(HaveLen(2))
@@ -252,7 +252,7 @@ var _ = Describe("Agent injection", func() {
 		Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal(Path)))
 		Expect(w.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
 		Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)))
-		Expect(w.NamespaceSelector).To(Equal(&metav1.LabelSelector{MatchLabels: map[string]string{NamespaceLabel: NamespaceLabelValue}}))
+		Expect(w.NamespaceSelector).To(Equal(&metav1.LabelSelector{MatchLabels: map[string]string{apportionv1.InjectionLabel: apportionv1.InjectionEnabled}}))
 		Expect(w.Rules).To(Equal([]admissionregistrationv1.RuleWithOperations{{
 			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},

@@ -22,9 +22,6 @@ import (
 // its agent, as a real kubelet does.
 const KubeletFinalizer = "e2e.apportion.io/kubelet"
 
-// AgentPortAnnotation says where a pod's agent control port is (the manager reads it).
-const AgentPortAnnotation = "apportion.io/agent-port"
-
 // WorkloadConfig describes a Deployment scaled by an HPA whose pods run agents.
 type WorkloadConfig struct {
 	Namespace, Name string
