@@ -11,6 +11,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 func TestAgentBootstraps(t *testing.T) {
@@ -75,17 +76,17 @@ func TestAgentOf(t *testing.T) {
 // no longer claims every agent answered) and Ready false, and are named, capped; unreachable
 // agents take precedence in PodsReachable.
 func TestComputeStatusPodsWithoutAgent(t *testing.T) {
-	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Spec: apportionv1.DownstreamQuotaSpec{MaxInFlight: 50}}
+	dq := builders.MakeDownstreamQuota("", "").Generation(1).Limit(50).Upstream("").Obj()
 	target := apportionv1.Target{Kind: apportionv1.KindDeployment, Name: "gateway"}
 	var pods []corev1.Pod
 	for i := range 14 {
-		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gateway-%02d", i)}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+		p := builders.MakePod(fmt.Sprintf("gateway-%02d", i), "").Running("10.0.0.1")
 		if i < 2 {
-			p.Annotations = map[string]string{apportionv1.AgentPortAnnotation: "15000"}
+			p.AgentPort(15000)
 		}
-		pods = append(pods, p)
+		pods = append(pods, *p.Obj())
 	}
-	pods = append(pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gateway-pending"}}) // no IP: not calling
+	pods = append(pods, *builders.MakePod("gateway-pending", "").Obj()) // no IP: not calling
 	obs := []targetObservation{{Target: target, Found: true, SpecReplicas: 15, Pods: pods}}
 	split := splitFor(dq, obs)
 	now := metav1.Now()

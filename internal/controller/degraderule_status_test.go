@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // The pure part of the DegradeRule controller: computeRuleStatus, ruleRequeue and switchFor's
@@ -22,19 +23,13 @@ var (
 )
 
 func drRule(gen int64, expiresIn time.Duration, mutate ...func(*apportionv1.DegradeRule)) *apportionv1.DegradeRule {
-	r := &apportionv1.DegradeRule{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "recommend-sale", Generation: gen},
-		Spec: apportionv1.DegradeRuleSpec{
-			Downstream: "recommend",
-			Action: apportionv1.Fallback{Action: apportionv1.FallbackStatic, Static: &apportionv1.StaticResponse{
-				Status: 200, Headers: map[string]string{"Content-Type": "application/json"}, Body: "[]",
-			}},
-			Active:    ptr.To(true),
-			Reason:    "Black Friday: recommend is saturated",
-			ExpiresAt: metav1.NewTime(t0.Add(expiresIn)),
-			Scope:     &apportionv1.DegradeScope{Percent: ptr.To[int32](10), KeyHeader: "X-User-Id"},
-		},
-	}
+	r := builders.MakeDegradeRule("recommend-sale", "shop", "recommend", t0.Add(expiresIn)).
+		Generation(gen).
+		Static(200, map[string]string{"Content-Type": "application/json"}, "[]").
+		Active(true).
+		Reason("Black Friday: recommend is saturated").
+		Percent(10, "X-User-Id").
+		Obj()
 	for _, m := range mutate {
 		m(r)
 	}
@@ -69,11 +64,11 @@ func cond(typ string, ok bool, reason, msg string, gen int64, at metav1.Time) me
 }
 
 func recommendQuota(targets ...string) *apportionv1.DownstreamQuota {
-	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "recommend"}}
+	w := builders.MakeDownstreamQuota("recommend", "shop").Upstream("")
 	for _, t := range targets {
-		dq.Spec.Targets = append(dq.Spec.Targets, apportionv1.Target{Kind: apportionv1.KindDeployment, Name: t})
+		w.Target(apportionv1.KindDeployment, t)
 	}
-	return dq
+	return w.Obj()
 }
 
 const (
