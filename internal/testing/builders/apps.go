@@ -83,7 +83,9 @@ func (w *StatefulSetWrapper) Replicas(n int32) *StatefulSetWrapper {
 }
 
 // HPAWrapper builds a HorizontalPodAutoscaler.
-type HPAWrapper struct{ autoscalingv2.HorizontalPodAutoscaler }
+type HPAWrapper struct {
+	autoscalingv2.HorizontalPodAutoscaler
+}
 
 // MakeHPA is an HPA (minReplicas 1, maxReplicas 1) that scales the Deployment of the same name.
 func MakeHPA(name, ns string) *HPAWrapper {
