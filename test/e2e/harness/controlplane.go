@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // ErrNoAssets is returned by StartControlPlane when KUBEBUILDER_ASSETS is not set.
@@ -139,8 +140,7 @@ func (cp *ControlPlane) EnableInjection(ctx context.Context, name string) error 
 
 // CreateNamespace creates a namespace (an existing one is fine).
 func (cp *ControlPlane) CreateNamespace(ctx context.Context, name string) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := cp.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := cp.Client.Create(ctx, builders.MakeNamespace(name).Obj()); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	return nil
