@@ -95,10 +95,10 @@ func (w *PodWrapper) AgentPort(port int) *PodWrapper {
 // Running sets the status a kubelet writes for a running pod with the given IP ("" for none).
 // The API server keeps status apart: create the pod, then write this with Status().Update.
 func (w *PodWrapper) Running(ip string) *PodWrapper {
-	w.Pod.Status.Phase = corev1.PodRunning
-	w.Pod.Status.PodIP = ip
+	w.Status.Phase = corev1.PodRunning
+	w.Status.PodIP = ip
 	if ip != "" {
-		w.Pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		w.Status.PodIPs = []corev1.PodIP{{IP: ip}}
 	}
 	return w
 }
