@@ -118,34 +118,48 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 
 	now := metav1.NewTime(r.Clock.Now())
 	status := computeStatus(&dq, obs, split, report, now)
-	r.decided.Store(req.NamespacedName, status.Targets)
+	type event struct{ typ, reason, action, note string }
+	var events []event
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
-		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: %s", msg)
+		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
 	}
 	if msg := safeDefaultMessage(prev, status.Targets); msg != "" {
-		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: %s", msg)
+		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg})
 	}
 	// One Warning each time the set of pods without an agent changes: the condition names them.
 	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsWithoutAgent); c != nil && c.Status == metav1.ConditionTrue {
 		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
-			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", "%s", c.Message)
+			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", c.Message})
 		}
 	}
 	// One Warning each time the set of unreachable pods changes: the condition's message names it.
 	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == apportionv1.ReasonAgentsUnreachable {
 		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
-			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
-				"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
+			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
+				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
 		}
 	}
-	if equality.Semantic.DeepEqual(dq.Status, status) {
-		return ctrl.Result{}, nil
+	changed := !equality.Semantic.DeepEqual(dq.Status, status)
+	if changed {
+		orig := dq.DeepCopy()
+		dq.Status = status
+		if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
+			// Nothing decided or recorded: the retry computes the same change again.
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
 	}
-	orig := dq.DeepCopy()
-	dq.Status = status
-	if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	r.decided.Store(req.NamespacedName, status.Targets)
+	// The Events regard the quota as just written. The Event recorder folds Events of the same
+	// type, reason and action about the same object version into one series and keeps only the
+	// first note, so two rebalances decided on one cached version (the cache lags behind the
+	// status just written) would report the first one twice and lose the second; the version the
+	// status patch returned is new each time.
+	for _, e := range events {
+		r.Recorder.Eventf(&dq, nil, e.typ, e.reason, e.action, "%s", e.note)
+	}
+	if !changed {
+		return ctrl.Result{}, nil
 	}
 	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
 	return ctrl.Result{}, nil
