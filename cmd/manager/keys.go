@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/apportion/apportion/internal/push"
 )
@@ -31,6 +32,13 @@ type keyKeeper struct {
 	mu    sync.Mutex
 	trust map[string]string // the trust ConfigMap's data; nil until the first sync
 }
+
+// The manager finds NeedLeaderElection by a type assertion at run time: without it every replica
+// would rotate keys. These make a changed signature a compile error.
+var (
+	_ manager.Runnable               = (*keyKeeper)(nil)
+	_ manager.LeaderElectionRunnable = (*keyKeeper)(nil)
+)
 
 // NeedLeaderElection: only the leader rotates and publishes.
 func (k *keyKeeper) NeedLeaderElection() bool { return true }

@@ -34,8 +34,8 @@ type Assignment struct {
 	// process anything.
 	Instance string `json:"instance,omitempty"`
 	// LeaseTTL is how long the assignment holds from the moment the agent accepts it (or from its
-	// signed time, when that is earlier: see package enforce). When it
-	// passes without renewal every downstream drops to min(Permits, SafeDefaultPermits).
+	// signed time, when that is earlier: see package enforce). When it passes without renewal every
+	// downstream drops to its LapsedLimit: min(Permits, SafeDefaultPermits), or 0 with FailClosed.
 	LeaseTTL Duration `json:"leaseTTL"`
 	// Downstreams the pod may call, by name.
 	Downstreams []Downstream `json:"downstreams"`
@@ -69,6 +69,24 @@ type Downstream struct {
 	Breaker *Breaker `json:"breaker,omitempty"`
 	// Fallback is the answer when no permit, no token or an open breaker stops a call.
 	Fallback Fallback `json:"fallback"`
+}
+
+// LapsedLimit is the in-flight limit a downstream falls back to once its lease lapsed without
+// renewal: min(permits, safeDefault), or 0 when failClosed (every call then gets the
+// fallback). It is never above permits, so a pod whose lease lapses never holds more than it
+// was granted, and never below 0. The agent enforces it (package enforce) and the manager's
+// ledger counts it (package push): both call this one function, so they cannot disagree.
+func LapsedLimit[T ~int | ~int32 | ~int64](permits, safeDefault T, failClosed bool) T {
+	if failClosed {
+		return 0
+	}
+	return max(min(permits, safeDefault), 0)
+}
+
+// LapsedLimit is d's limit once its lease lapsed: LapsedLimit(d.Permits, d.SafeDefaultPermits,
+// d.FailClosed).
+func (d *Downstream) LapsedLimit() int32 {
+	return LapsedLimit(d.Permits, d.SafeDefaultPermits, d.FailClosed)
 }
 
 // Rate is a per-pod rate limit.

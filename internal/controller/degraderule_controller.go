@@ -69,6 +69,8 @@ type DegradeRuleReconciler struct {
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
+var _ reconcile.Reconciler = (*DegradeRuleReconciler)(nil)
+
 // Reconcile implements reconcile.Reconciler.
 func (r *DegradeRuleReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var rule apportionv1.DegradeRule

@@ -68,6 +68,8 @@ type DownstreamQuotaReconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
+var _ reconcile.Reconciler = (*DownstreamQuotaReconciler)(nil)
+
 // Reconcile implements reconcile.Reconciler.
 func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var dq apportionv1.DownstreamQuota

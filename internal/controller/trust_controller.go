@@ -70,6 +70,8 @@ type TrustReconciler struct {
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update
 
+var _ reconcile.Reconciler = (*TrustReconciler)(nil)
+
 // Reconcile implements reconcile.Reconciler; the request names a namespace.
 func (r *TrustReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if r.Namespace != "" && req.Name != r.Namespace {

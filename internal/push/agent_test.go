@@ -82,10 +82,7 @@ func (b *testBackend) stateLocked() assignment.State {
 	for _, d := range b.a.Downstreams {
 		eff := d.Permits
 		if st.LeaseExpired {
-			eff = min(d.Permits, d.SafeDefaultPermits)
-			if d.FailClosed {
-				eff = 0
-			}
+			eff = d.LapsedLimit()
 		}
 		st.Downstreams = append(st.Downstreams, assignment.DownstreamState{
 			Name: d.Name, Permits: d.Permits, EffectivePermits: eff, InFlight: b.inflight[d.Name],

@@ -186,7 +186,7 @@ func TestInFlightAboveLoweredLimitIsCountedUntilItDrains(t *testing.T) {
 func (h *harness) lastSend(endpoint string, permits int32) time.Time {
 	var t time.Time
 	for _, w := range h.sent {
-		if w.endpoint == endpoint && w.kind == kindPush && w.a.Downstreams[0].Permits == permits {
+		if w.endpoint == endpoint && w.kind == kindPush && w.assignment.Downstreams[0].Permits == permits {
 			t = w.sentAt
 		}
 	}

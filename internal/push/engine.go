@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -25,13 +26,13 @@ var ErrFenced = errors.New("push: an agent holds a newer epoch; this manager is 
 // The controllers call SetQuota, DeleteQuota, Report and SwitchApplied from any goroutine; the
 // manager runs Start (a leader-election Runnable).
 type Engine struct {
-	o     Options
-	clock clock.Clock
-	m     *metrics
+	opts    Options
+	clock   clock.Clock
+	metrics *metrics
 
 	mu         sync.Mutex
 	cond       *sync.Cond // signalled when work is ready or the engine stops
-	c          *core
+	core       *core
 	stopping   bool
 	waitingFor time.Time // the scheduler's current deadline; zero when it waits without one
 
@@ -40,10 +41,10 @@ type Engine struct {
 	fenceOnce sync.Once
 	started   atomic.Bool
 
-	nmu      sync.Mutex
-	nset     map[types.NamespacedName]struct{}
-	nevents  []Event
-	notifyCh chan struct{}
+	notifyMu     sync.Mutex
+	notifyKeys   map[types.NamespacedName]struct{}
+	notifyEvents []Event
+	notifyCh     chan struct{}
 }
 
 // New builds an Engine. It pushes nothing until Start.
@@ -56,18 +57,25 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("push: registering metrics: %w", err)
 	}
 	e := &Engine{
-		o:        opts,
-		clock:    opts.Clock,
-		m:        m,
-		kick:     make(chan struct{}, 1),
-		fencedCh: make(chan struct{}),
-		nset:     map[types.NamespacedName]struct{}{},
-		notifyCh: make(chan struct{}, 1),
+		opts:       opts,
+		clock:      opts.Clock,
+		metrics:    m,
+		kick:       make(chan struct{}, 1),
+		fencedCh:   make(chan struct{}),
+		notifyKeys: map[types.NamespacedName]struct{}{},
+		notifyCh:   make(chan struct{}, 1),
 	}
 	e.cond = sync.NewCond(&e.mu)
-	e.c = newCore(&e.o, m)
+	e.core = newCore(&e.opts, m)
 	return e, nil
 }
+
+// The manager finds NeedLeaderElection by a type assertion at run time: without it the engine
+// would run on every replica. These make a changed signature a compile error.
+var (
+	_ manager.Runnable               = (*Engine)(nil)
+	_ manager.LeaderElectionRunnable = (*Engine)(nil)
+)
 
 // NeedLeaderElection makes the manager run the engine only on the leader.
 func (e *Engine) NeedLeaderElection() bool { return true }
@@ -85,17 +93,17 @@ func (e *Engine) Start(ctx context.Context) error {
 	if epoch == 0 {
 		return nil // ctx ended first
 	}
-	e.o.Logger.Info("push engine starting", "epoch", epoch, "leaseTTL", e.o.LeaseTTL, "renewEvery", e.o.RenewEvery)
+	e.opts.Logger.Info("push engine starting", "epoch", epoch, "leaseTTL", e.opts.LeaseTTL, "renewEvery", e.opts.RenewEvery)
 
 	e.mu.Lock()
-	e.c.begin(epoch, e.clock.Now())
+	e.core.begin(epoch, e.clock.Now())
 	e.afterLocked()
 	e.mu.Unlock()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for range e.o.Workers {
+	for range e.opts.Workers {
 		wg.Go(func() { e.worker(ctx) })
 	}
 	wg.Go(func() { e.scheduler(ctx) })
@@ -117,9 +125,9 @@ func (e *Engine) Start(ctx context.Context) error {
 }
 
 func (e *Engine) nextEpoch(ctx context.Context) (int64, error) {
-	delay := e.o.RetryBase
+	delay := e.opts.RetryBase
 	for {
-		epoch, err := e.o.Epoch.NextEpoch(ctx)
+		epoch, err := e.opts.Epoch.NextEpoch(ctx)
 		if err == nil {
 			if epoch < 1 {
 				return 0, fmt.Errorf("push: epoch source returned %d; epochs start at 1", epoch)
@@ -129,13 +137,13 @@ func (e *Engine) nextEpoch(ctx context.Context) (int64, error) {
 		if ctx.Err() != nil {
 			return 0, nil //nolint:nilerr // shutting down is not a failure to take an epoch
 		}
-		e.o.Logger.Error(err, "taking a new epoch; retrying", "in", delay)
+		e.opts.Logger.Error(err, "taking a new epoch; retrying", "in", delay)
 		select {
 		case <-ctx.Done():
 			return 0, nil
 		case <-e.clock.After(delay):
 		}
-		delay = min(delay*2, e.o.RetryMax)
+		delay = min(delay*2, e.opts.RetryMax)
 	}
 }
 
@@ -144,7 +152,7 @@ func (e *Engine) nextEpoch(ctx context.Context) (int64, error) {
 func (e *Engine) SetQuota(d DesiredQuota) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.c.setQuota(d, e.clock.Now())
+	e.core.setQuota(d, e.clock.Now())
 	e.afterLocked()
 }
 
@@ -155,7 +163,7 @@ func (e *Engine) SetQuota(d DesiredQuota) {
 func (e *Engine) DeleteQuota(key types.NamespacedName) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.c.deleteQuota(key, e.clock.Now())
+	e.core.deleteQuota(key, e.clock.Now())
 	e.afterLocked()
 }
 
@@ -164,7 +172,7 @@ func (e *Engine) DeleteQuota(key types.NamespacedName) {
 func (e *Engine) Report(key types.NamespacedName) Report {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.c.report(key, e.clock.Now())
+	return e.core.report(key, e.clock.Now())
 }
 
 // SwitchApplied counts, for the degrade switch named name ("<namespace>/<DegradeRule name>"),
@@ -174,55 +182,55 @@ func (e *Engine) Report(key types.NamespacedName) Report {
 func (e *Engine) SwitchApplied(name string) (applied, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.c.switchApplied(name)
+	return e.core.switchApplied(name)
 }
 
 // Epoch is the engine's fencing epoch; 0 before Start took one.
 func (e *Engine) Epoch() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.c.epoch
+	return e.core.epoch
 }
 
 // afterLocked wakes workers for ready work, the scheduler for an earlier deadline, the
 // notifier for changed reports, and Start when fenced. e.mu is held.
 func (e *Engine) afterLocked() {
-	if e.c.hasReady() {
+	if e.core.hasReady() {
 		e.cond.Broadcast()
 	}
-	if e.c.needsFlush() {
+	if e.core.needsFlush() {
 		// Replans are the scheduler's: answers arriving together are planned once.
 		select {
 		case e.kick <- struct{}{}:
 		default:
 		}
-	} else if next := e.c.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
+	} else if next := e.core.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
 		e.waitingFor = next
 		select {
 		case e.kick <- struct{}{}:
 		default:
 		}
 	}
-	keys, evs := e.c.takeChanged(), e.c.takeEvents()
-	if e.o.OnChange == nil {
+	keys, evs := e.core.takeChanged(), e.core.takeEvents()
+	if e.opts.OnChange == nil {
 		keys = nil
 	}
-	if e.o.OnEvent == nil {
+	if e.opts.OnEvent == nil {
 		evs = nil
 	}
 	if len(keys) > 0 || len(evs) > 0 {
-		e.nmu.Lock()
+		e.notifyMu.Lock()
 		for _, k := range keys {
-			e.nset[k] = struct{}{}
+			e.notifyKeys[k] = struct{}{}
 		}
-		e.nevents = append(e.nevents, evs...)
-		e.nmu.Unlock()
+		e.notifyEvents = append(e.notifyEvents, evs...)
+		e.notifyMu.Unlock()
 		select {
 		case e.notifyCh <- struct{}{}:
 		default:
 		}
 	}
-	if e.c.fenced {
+	if e.core.fenced {
 		e.fenceOnce.Do(func() { close(e.fencedCh) })
 	}
 }
@@ -231,8 +239,8 @@ func (e *Engine) scheduler(ctx context.Context) {
 	for {
 		e.mu.Lock()
 		now := e.clock.Now()
-		e.c.advance(now)
-		next := e.c.nextWake()
+		e.core.advance(now)
+		next := e.core.nextWake()
 		e.waitingFor = next
 		e.afterLocked()
 		e.mu.Unlock()
@@ -262,41 +270,41 @@ func (e *Engine) worker(ctx context.Context) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		for !e.stopping && !e.c.hasReady() {
+		for !e.stopping && !e.core.hasReady() {
 			e.cond.Wait()
 		}
 		if e.stopping {
 			return
 		}
-		w := e.c.startWork(e.c.popReady(), e.clock.Now())
+		w := e.core.startWork(e.core.popReady(), e.clock.Now())
 		if w == nil {
 			continue
 		}
 		// The pod's identity and the epoch, read under the lock: the signature is bound to them.
 		to := assignment.Endpoint{URL: w.endpoint, Pod: w.pod.namespace + "/" + w.pod.name}
-		epoch := e.c.epoch
+		epoch := e.core.epoch
 		e.mu.Unlock()
 		st, err := e.do(ctx, w, to, epoch)
 		e.mu.Lock()
 		if e.stopping {
 			return
 		}
-		e.c.finishWork(w, st, err, e.clock.Now())
+		e.core.finishWork(w, st, err, e.clock.Now())
 		e.afterLocked()
 	}
 }
 
 // do sends one request, bounded by PushTimeout, and records its metrics.
 func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
-	rctx, cancel := context.WithTimeout(ctx, e.o.PushTimeout)
+	rctx, cancel := context.WithTimeout(ctx, e.opts.PushTimeout)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
 	var err error
 	if w.kind == kindPush {
-		st, err = e.o.Client.Push(rctx, to, w.a)
+		st, err = e.opts.Client.Push(rctx, to, w.assignment)
 	} else {
-		st, err = e.o.Client.State(rctx, to, epoch)
+		st, err = e.opts.Client.State(rctx, to, epoch)
 	}
 	if err == nil && st == nil {
 		err = errors.New("agent client returned no state")
@@ -316,7 +324,7 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 	default:
 		result = resultError
 	}
-	e.m.request(w.kind, result, time.Since(start).Seconds())
+	e.metrics.request(w.kind, result, time.Since(start).Seconds())
 	return st, err
 }
 
@@ -327,26 +335,26 @@ func (e *Engine) notifier(ctx context.Context) {
 			return
 		case <-e.notifyCh:
 		}
-		e.nmu.Lock()
-		keys := make([]types.NamespacedName, 0, len(e.nset))
-		for k := range e.nset {
+		e.notifyMu.Lock()
+		keys := make([]types.NamespacedName, 0, len(e.notifyKeys))
+		for k := range e.notifyKeys {
 			keys = append(keys, k)
 		}
-		clear(e.nset)
-		evs := e.nevents
-		e.nevents = nil
-		e.nmu.Unlock()
+		clear(e.notifyKeys)
+		evs := e.notifyEvents
+		e.notifyEvents = nil
+		e.notifyMu.Unlock()
 		for _, ev := range evs {
 			if ctx.Err() != nil {
 				return
 			}
-			e.o.OnEvent(ev)
+			e.opts.OnEvent(ev)
 		}
 		for _, k := range keys {
 			if ctx.Err() != nil {
 				return
 			}
-			e.o.OnChange(k)
+			e.opts.OnChange(k)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func (r *engineRig) quota(permits ...int32) DesiredQuota {
 
 // pastRecovery steps the fake clock past the recovery window.
 func (r *engineRig) pastRecovery() {
-	r.clk.Step(r.e.o.PushTimeout + r.e.o.AcceptGrace + r.e.o.LeaseTTL + rigRT + time.Millisecond)
+	r.clk.Step(r.e.opts.PushTimeout + r.e.opts.AcceptGrace + r.e.opts.LeaseTTL + rigRT + time.Millisecond)
 }
 
 func (r *engineRig) converged() bool {
@@ -172,12 +172,12 @@ func TestEngineConvergesOverHTTP(t *testing.T) {
 	if r.changes.Load() == 0 {
 		t.Fatal("OnChange never called")
 	}
-	if n := metricValue(r.e.m.pushes.WithLabelValues(resultOK)); n < 10 {
+	if n := metricValue(r.e.metrics.pushes.WithLabelValues(resultOK)); n < 10 {
 		t.Fatalf("pushes_total{result=ok} = %v", n)
 	}
 	// The gauge follows at the end of the next planning pass (the report is read live).
 	r.waitForStepping("ledger_permits = 20", 0, func() bool {
-		return metricValue(r.e.m.ledger.WithLabelValues("ns/q")) == 20
+		return metricValue(r.e.metrics.ledger.WithLabelValues("ns/q")) == 20
 	})
 	// Renewals: stepping past RenewEvery re-sends the same pair.
 	before := r.agents[0].calls.Load()
@@ -208,7 +208,7 @@ func TestEngineFailingAgent(t *testing.T) {
 	// The gauge follows at the end of the quota's next planning pass, which the failure
 	// scheduled; the report is read live, so it can be a pass ahead.
 	r.waitForStepping("unreachable_pods = 1", 0, func() bool {
-		return metricValue(r.e.m.unreachable.WithLabelValues("ns/q")) == 1
+		return metricValue(r.e.metrics.unreachable.WithLabelValues("ns/q")) == 1
 	})
 	// It comes back: lowered, then p2 gets its 9.
 	r.agents[1].mode.Store(agentNormal)
@@ -296,7 +296,7 @@ func TestEngineRestartWithNewEpochFencesTheOldOne(t *testing.T) {
 			}
 		}
 	}
-	if n := metricValue(old.e.m.pushes.WithLabelValues(resultStale)); n < 1 {
+	if n := metricValue(old.e.metrics.pushes.WithLabelValues(resultStale)); n < 1 {
 		t.Fatalf("old engine saw no stale answer: %v", n)
 	}
 	nu.pastRecovery()

@@ -1,6 +1,8 @@
 package push
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -14,35 +16,31 @@ import (
 
 // hold is what one version of a pod's assignment gives one downstream.
 type hold struct {
-	permits  int32         // the limit while the lease holds
-	fallback int32         // the limit once the lease lapsed: min(permits, safe default), 0 if fail-closed
-	rt       time.Duration // the request timeout: how long a call started under this version may last
+	permits        int32         // the limit while the lease holds
+	fallback       int32         // the limit once the lease lapsed: assignment.LapsedLimit
+	requestTimeout time.Duration // the request timeout: how long a call started under this version may last
 }
 
 // version is one assignment the engine sent to a pod, which the agent may hold now or accept
 // later. Versions older than the generation an agent reported holding are dropped (fencing: the
 // agent refuses them from then on).
 type version struct {
-	gen   int64
-	a     *assignment.Assignment // immutable snapshot, shared with the request that sends it
-	holds map[string]hold        // by downstream (quota) name
+	gen        int64
+	assignment *assignment.Assignment // immutable snapshot, shared with the request that sends it
+	holds      map[string]hold        // by downstream (quota) name
 
 	// The lease this version may have started ends by the latest of:
 	okEnd   time.Time // every answered send: answer received + LeaseTTL
-	failEnd time.Time // every unanswered send: sentAt + PushTimeout + AcceptGrace + LeaseTTL
+	failEnd time.Time // every unanswered send: sentAt + leaseWindow (PushTimeout + AcceptGrace + LeaseTTL)
 	sendEnd time.Time // the send in flight, counted like an unanswered one until it is answered
 }
 
 func (v *version) leaseEnd() time.Time { return maxTime(v.okEnd, v.failEnd, v.sendEnd) }
 
 func newVersion(a *assignment.Assignment) *version {
-	v := &version{gen: a.Generation, a: a, holds: make(map[string]hold, len(a.Downstreams))}
+	v := &version{gen: a.Generation, assignment: a, holds: make(map[string]hold, len(a.Downstreams))}
 	for _, d := range a.Downstreams {
-		fb := min(d.Permits, d.SafeDefaultPermits)
-		if d.FailClosed {
-			fb = 0
-		}
-		v.holds[d.Name] = hold{permits: d.Permits, fallback: max(fb, 0), rt: d.RequestTimeout.D()}
+		v.holds[d.Name] = hold{permits: d.Permits, fallback: d.LapsedLimit(), requestTimeout: d.RequestTimeout.D()}
 	}
 	return v
 }
@@ -52,9 +50,9 @@ func newVersion(a *assignment.Assignment) *version {
 type foreignHold struct {
 	epoch     int64
 	bootstrap bool
-	// leaseEnd bounds when the other manager's last lease may end: it stopped pushing before
-	// this engine started (leader election), so engine start + PushTimeout + AcceptGrace +
-	// LeaseTTL.
+	// leaseEnd bounds when the holding's last lease may end: for another manager, which stopped
+	// pushing before this engine started (leader election), foreignLeaseEnd; for a generation
+	// this engine forgot (relearn), a leaseWindow from when it met the agent again.
 	leaseEnd time.Time
 	holds    map[string]foreignDS
 }
@@ -66,14 +64,14 @@ type foreignDS struct {
 
 // quotaState is one DownstreamQuota's desired state and ledger.
 type quotaState struct {
-	key     types.NamespacedName
-	uid     types.UID    // of the DownstreamQuota object last set; "" when not given
-	deleted bool         // the object was deleted; the ledger lives on until it counts nothing
-	desired DesiredQuota // deep copy; Pods is not kept
-	maxRT   time.Duration
-	entries map[types.UID]*entry
-	resort  bool // entries changed since sorted was built
-	sorted  []*entry
+	key               types.NamespacedName
+	uid               types.UID     // of the DownstreamQuota object last set; "" when not given
+	deleted           bool          // the object was deleted; the ledger lives on until it counts nothing
+	desired           DesiredQuota  // deep copy; Pods is not kept
+	maxRequestTimeout time.Duration // the longest the quota was ever given: recovery waits it out
+	entries           map[types.UID]*entry
+	resort            bool // entries changed since sorted was built
+	sorted            []*entry
 
 	changeAt      time.Time // when the desired permits last changed
 	rebalancing   bool
@@ -96,17 +94,36 @@ func (q *quotaState) entryList() []*entry {
 	return q.sorted
 }
 
+// entryList is the pod's entries by quota name.
+func (p *podState) entryList() []*entry {
+	es := make([]*entry, 0, len(p.entries))
+	for _, e := range p.entries {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(a.quota.key.Name, b.quota.key.Name) })
+	return es
+}
+
+func sortEntries(es []*entry) {
+	slices.SortFunc(es, func(a, b *entry) int {
+		if c := cmp.Compare(a.pod.name, b.pod.name); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pod.uid, b.pod.uid)
+	})
+}
+
 // entry is one pod's line in one quota's ledger.
 type entry struct {
-	q   *quotaState
-	pod *podState
+	quota *quotaState
+	pod   *podState
 
-	present     bool // listed in the quota's desired pods
-	desired     DesiredPod
-	target      string // workload name
-	terminating bool
-	sd          int32         // desired safe default
-	rt          time.Duration // the longest request timeout this pod was ever given for the quota
+	present           bool // listed in the quota's desired pods
+	desired           DesiredPod
+	target            string // workload name
+	terminating       bool
+	safeDefault       int32         // desired safe default
+	maxRequestTimeout time.Duration // the longest request timeout this pod was ever given for the quota
 
 	grant int32 // permits decided for the pod (in its content), reserved in the ledger
 
@@ -122,15 +139,15 @@ type entry struct {
 
 // podState is one pod's agent as the engine knows it, across quotas.
 type podState struct {
-	uid       types.UID
-	name      string
-	namespace string
-	endpoint  string
-	ipAt      time.Time // when this engine first saw it with an endpoint (DesiredPod.Since if earlier); zero if never
-	bootstrap bool      // DesiredPod.Bootstrap
-	entries   map[types.NamespacedName]*entry
-	goneAt    time.Time // when the pod stopped being listed by any quota; zero while listed
-	finalPush bool      // every quota of the pod was deleted: push it an empty assignment, then forget it
+	uid           types.UID
+	name          string
+	namespace     string
+	endpoint      string
+	endpointSince time.Time // when this engine first saw it with an endpoint (DesiredPod.Since if earlier); zero if never
+	bootstrap     bool      // DesiredPod.Bootstrap
+	entries       map[types.NamespacedName]*entry
+	goneAt        time.Time // when the pod stopped being listed by any quota; zero while listed
+	finalPush     bool      // every quota of the pod was deleted: push it an empty assignment, then forget it
 	// orphaned: the pod left every quota only because they were deleted, not because the
 	// controller stopped listing it: it is alive as far as the engine knows, and its agent keeps
 	// what it holds (its fallback included) until it acknowledges something lower. Not gone.
@@ -163,8 +180,8 @@ type podState struct {
 	wakeAt   time.Time
 }
 
-// everIP says whether the pod had an endpoint once (it may be calling).
-func (p *podState) everIP() bool { return !p.ipAt.IsZero() }
+// hadEndpoint says whether the pod had an endpoint once (it may be calling).
+func (p *podState) hadEndpoint() bool { return !p.endpointSince.IsZero() }
 
 func (p *podState) present() bool {
 	for _, e := range p.entries {
@@ -196,7 +213,7 @@ func (p *podState) version(gen int64) *version {
 //     counts its permits until its lease may have ended plus a request timeout, then its
 //     fallback while the pod exists, and for a request timeout after the pod is gone.
 //   - Holdings of another manager count like a version whose lease ends a lease window
-//     (PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
+//     (leaseWindow: PushTimeout + AcceptGrace + LeaseTTL) after this engine started: what the agent enforced
 //     when it answered surely, its permits as a phantom bound (its lease may have lapsed). A
 //     bootstrap file never raises, so it counts at what it enforced.
 //   - A pod that has had an IP but never answered may run on a bootstrap file (when it has one)
@@ -211,9 +228,9 @@ func (p *podState) version(gen int64) *version {
 //     and added.
 func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time.Time) {
 	p := e.pod
-	name := e.q.key.Name
+	name := e.quota.key.Name
 	gone := !p.goneAt.IsZero() && !p.orphaned
-	window := c.o.PushTimeout + c.o.AcceptGrace + c.o.LeaseTTL
+	window := c.opts.leaseWindow()
 	// count adds val while now < end (forever when end is zero) and notes when it drops.
 	count := func(val int32, end time.Time) {
 		if val <= 0 {
@@ -239,37 +256,38 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 		}
 	}
 	if !e.inflightAt.IsZero() {
-		count(e.inflight, e.inflightAt.Add(e.rt))
+		count(e.inflight, e.inflightAt.Add(e.maxRequestTimeout))
 	}
 	for _, v := range p.versions {
 		if h, ok := v.holds[name]; ok {
-			lease(h.permits, v.leaseEnd(), max(h.rt, e.rt), h.fallback)
+			lease(h.permits, v.leaseEnd(), max(h.requestTimeout, e.maxRequestTimeout), h.fallback)
 		}
 	}
 	if f := p.foreign; f != nil {
 		if h, ok := f.holds[name]; ok {
 			switch {
 			case f.bootstrap && gone:
-				count(h.effective, p.goneAt.Add(window+e.rt))
+				count(h.effective, p.goneAt.Add(window+e.maxRequestTimeout))
 			case f.bootstrap:
 				count(h.effective, time.Time{})
 			default:
 				// What it enforced when it answered is surely held; its permits are only a bound
 				// (its lease may have lapsed already, or lapse before that of another manager).
-				fb := min(h.permits, e.sd)
-				lease(h.effective, f.leaseEnd, e.rt, fb)
-				if end := f.leaseEnd.Add(e.rt); now.Before(end) && h.permits > h.effective {
+				// Whether its downstream failed closed is not reported: count it open (the larger).
+				fb := assignment.LapsedLimit(h.permits, e.safeDefault, false)
+				lease(h.effective, f.leaseEnd, e.maxRequestTimeout, fb)
+				if end := f.leaseEnd.Add(e.maxRequestTimeout); now.Before(end) && h.permits > h.effective {
 					phantom = max(phantom, h.permits)
 					next = minTime(next, end)
 				}
 			}
 		}
 	}
-	if (!p.known && p.everIP() && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
+	if (!p.known && p.hadEndpoint() && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
 		if !gone {
-			phantom = max(phantom, e.sd)
-		} else if end := p.goneAt.Add(window + e.rt); now.Before(end) {
-			phantom = max(phantom, e.sd)
+			phantom = max(phantom, e.safeDefault)
+		} else if end := p.goneAt.Add(window + e.maxRequestTimeout); now.Before(end) {
+			phantom = max(phantom, e.safeDefault)
 			next = minTime(next, end)
 		}
 	}
@@ -280,19 +298,27 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 	return n, phantom, carry, next
 }
 
+// foreignLandEnd is when the last push of a previous manager may land by: it stopped pushing
+// before this engine started (leader election), so engine start + landWindow.
+func (c *core) foreignLandEnd() time.Time { return c.startedAt.Add(c.opts.landWindow()) }
+
+// foreignLeaseEnd is when the last lease of a previous manager may end by: engine start +
+// leaseWindow.
+func (c *core) foreignLeaseEnd() time.Time { return c.startedAt.Add(c.opts.leaseWindow()) }
+
 // mayHoldLateForeign says whether the pod may hold an assignment of a previous manager that the
-// engine has not seen: its last report came before engine start + PushTimeout + AcceptGrace (a
+// engine has not seen: its last report came before foreignLandEnd (engine start + landWindow: a
 // push the previous manager sent before this engine started may land until then) and it has not
 // acknowledged this epoch (which would fence such a push off). Its lease has lapsed by the end of
 // recovery; then it runs on a fallback, at most its safe default.
 func (c *core) mayHoldLateForeign(p *podState) bool {
-	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.foreignLandEnd())
 }
 
 // mayPredate says whether a previous manager may have configured the pod: the engine saw it
-// with an endpoint before engine start + PushTimeout + AcceptGrace (or has not started).
+// with an endpoint before foreignLandEnd (or has not started).
 func (c *core) mayPredate(p *podState) bool {
-	return !c.started || p.ipAt.Before(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace))
+	return !c.started || p.endpointSince.Before(c.foreignLandEnd())
 }
 
 // counted is what the ledger counts for the entry now.

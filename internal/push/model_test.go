@@ -63,10 +63,7 @@ func (m *modelAgent) limit(ds string, now time.Time) int32 {
 		if m.leaseValid(now) {
 			return d.Permits
 		}
-		if d.FailClosed {
-			return 0
-		}
-		return min(d.Permits, d.SafeDefaultPermits)
+		return d.LapsedLimit()
 	}
 	return 0
 }
@@ -238,7 +235,7 @@ func (h *harness) finish(w *work, how outcome) {
 			break
 		}
 		if w.kind == kindPush {
-			st, err = m.put(w.a, h.now)
+			st, err = m.put(w.assignment, h.now)
 		} else {
 			st = m.state(h.now)
 		}
@@ -285,7 +282,7 @@ func (h *harness) pushesTo(endpoint string) []int32 {
 		if w.endpoint != endpoint || w.kind != kindPush {
 			continue
 		}
-		for _, d := range w.a.Downstreams {
+		for _, d := range w.assignment.Downstreams {
 			if d.Name == "q" {
 				out = append(out, d.Permits)
 			}
@@ -323,7 +320,7 @@ func (h *harness) checkLedger() {
 func (h *harness) leaseBound(endpoint string, permits int32) time.Time {
 	var end time.Time
 	for _, w := range h.sent {
-		if w.endpoint != endpoint || w.kind != kindPush || w.a.Downstreams[0].Permits != permits {
+		if w.endpoint != endpoint || w.kind != kindPush || w.assignment.Downstreams[0].Permits != permits {
 			continue
 		}
 		switch h.outcomes[w] {

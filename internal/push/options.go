@@ -108,6 +108,15 @@ type Options struct {
 	jitter func(time.Duration) time.Duration
 }
 
+// landWindow is how long after it was sent a push may still be accepted by an agent: the client
+// gives up after PushTimeout, and a handler already running then may accept it for AcceptGrace
+// more (docs/protocol.md).
+func (o *Options) landWindow() time.Duration { return o.PushTimeout + o.AcceptGrace }
+
+// leaseWindow is how long after it was sent a push may hold its agent under lease: it may land
+// until landWindow has passed, and the lease it starts then holds for LeaseTTL.
+func (o *Options) leaseWindow() time.Duration { return o.landWindow() + o.LeaseTTL }
+
 func (o *Options) setDefaults() error {
 	if o.Client == nil {
 		return errors.New("push: Options.Client is required")

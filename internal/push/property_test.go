@@ -257,8 +257,8 @@ func runProperty(t *testing.T, seed uint64) {
 	complete := func(p pending, how outcome) {
 		w := p.w
 		if tracePod != "" && w.endpoint == "http://"+tracePod {
-			if w.a != nil {
-				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.a.Epoch, w.a.Generation, permitsOf(w.a), how)
+			if w.assignment != nil {
+				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.assignment.Epoch, w.assignment.Generation, permitsOf(w.assignment), how)
 			} else {
 				t.Logf("  step %d +%s %s: outcome %d", step, since(), w.kind, how)
 			}
@@ -272,13 +272,13 @@ func runProperty(t *testing.T, seed uint64) {
 			if ag.cur.dead || ag.proc != p.proc {
 				err = errors.New("connection reset")
 			} else if w.kind == kindPush {
-				st, err = deliver(w.endpoint, p.proc, w.a)
+				st, err = deliver(w.endpoint, p.proc, w.assignment)
 			} else {
 				st = ag.cur.state(h.now)
 			}
 		case lost:
 			if w.kind == kindPush {
-				_, _ = deliver(w.endpoint, p.proc, w.a)
+				_, _ = deliver(w.endpoint, p.proc, w.assignment)
 			}
 			err = timeout
 		case dropped:
@@ -288,7 +288,7 @@ func runProperty(t *testing.T, seed uint64) {
 		case delayed:
 			if w.kind == kindPush {
 				at := h.now.Add(time.Duration(rng.Int64N(int64(w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
-				landings = append(landings, landing{at: at, endpoint: w.endpoint, proc: p.proc, a: w.a})
+				landings = append(landings, landing{at: at, endpoint: w.endpoint, proc: p.proc, a: w.assignment})
 			}
 			err = timeout
 		}
@@ -460,7 +460,7 @@ func runProperty(t *testing.T, seed uint64) {
 			for _, p := range inflight {
 				if p.w.kind == kindPush && rng.IntN(2) == 0 {
 					at := h.now.Add(time.Duration(rng.Int64N(int64(p.w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
-					landings = append(landings, landing{at: at, endpoint: p.w.endpoint, proc: p.proc, a: p.w.a})
+					landings = append(landings, landing{at: at, endpoint: p.w.endpoint, proc: p.proc, a: p.w.assignment})
 				}
 			}
 			inflight = nil

@@ -55,12 +55,9 @@ type Config struct {
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
-// with FailClosed.
+// with FailClosed (assignment.LapsedLimit, the function the manager's ledger counts with).
 func (c *Config) SafeLimit() int {
-	if c.FailClosed {
-		return 0
-	}
-	return min(c.Permits, c.SafeDefault)
+	return assignment.LapsedLimit(c.Permits, c.SafeDefault, c.FailClosed)
 }
 
 // Downstream is one downstream's runtime objects. They survive reconfiguration (see the

@@ -1,0 +1,58 @@
+package push
+
+import (
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/assignment"
+)
+
+// A switch the agents would refuse is left out of the content; the permits are pushed anyway,
+// and the switch follows once it is valid.
+func TestInvalidSwitchIsDroppedAndThePermitsArePushed(t *testing.T) {
+	d := quota(20, 2, 10, 3)
+	sw := assignment.Switch{Name: "ns/r1", ExpiresAt: time.Date(2026, 7, 2, 0, 0, 0, 0, time.UTC), Percent: 50,
+		Action: assignment.Fallback{Action: assignment.ActionReject}} // below 100 percent without a keyHeader
+	d.Switches = []TargetedSwitch{{Switch: sw}}
+	h := converged(t, d, nil)
+	for _, ep := range []string{"http://p0", "http://p1"} {
+		a := h.agent(ep).a
+		if a.Switches != nil || len(a.Downstreams) != 1 || a.Downstreams[0].Permits != 10 {
+			t.Fatalf("%s holds switches %+v, downstreams %+v; want no switch and 10 permits", ep, a.Switches, a.Downstreams)
+		}
+	}
+	// Renewals and answers rebuild the content; without the switch it is unchanged, so it keeps
+	// its generation (a new one each time would push forever).
+	gen := h.agent("http://p0").a.Generation
+	h.runFor(3 * DefaultRenewEvery)
+	if g := h.agent("http://p0").a.Generation; g != gen {
+		t.Fatalf("generation %d after renewals, want %d: content without the invalid switch renumbered", g, gen)
+	}
+	d.Switches[0].Switch.KeyHeader = "X-User"
+	h.set(d)
+	h.settle()
+	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+		t.Fatalf("applied %d/%d once valid, want 2/2", a, n)
+	}
+}
+
+// Content the agents would refuse for anything but a switch is not pushed: each agent keeps
+// what it holds, and the ledger goes on counting it.
+func TestInvalidDownstreamKeepsTheLastContent(t *testing.T) {
+	h := converged(t, quota(20, 2, 10, 3), nil)
+	before := *h.agent("http://p0").a
+	d := quota(20, 2, 5, 3)
+	d.Downstream.Upstream = "" // no upstream
+	d.Switches = []TargetedSwitch{{Switch: assignment.Switch{Name: "ns/r1", ExpiresAt: time.Date(2026, 7, 2, 0, 0, 0, 0, time.UTC),
+		Percent: 50, Action: assignment.Fallback{Action: assignment.ActionReject}}}} // invalid too
+	h.set(d)
+	h.settle()
+	a := h.agent("http://p0").a
+	if a.Generation != before.Generation || a.Downstreams[0].Permits != 10 || a.Switches != nil {
+		t.Fatalf("agent holds generation %d, permits %d, switches %+v; want generation %d, 10 permits, no switch",
+			a.Generation, a.Downstreams[0].Permits, a.Switches, before.Generation)
+	}
+	if r := h.report("ns", "q"); r.Ledger != 20 {
+		t.Fatalf("ledger %d, want 20 (both agents still hold 10)", r.Ledger)
+	}
+}
