@@ -246,9 +246,26 @@ type TargetStatus struct {
 	// replicas.
 	// +optional
 	SafeDefaultReplicas int32 `json:"safeDefaultReplicas,omitempty"`
+	// ratePerPod is each pod's share of the rate contract; absent when the quota has none.
+	// +optional
+	RatePerPod *RateShare `json:"ratePerPod,omitempty"`
 	// podsSynced is the number of pods whose agent acknowledged its current permits.
 	// +optional
 	PodsSynced int32 `json:"podsSynced"`
+}
+
+// RateShare is one pod's share of the rate contract, apportioned like permits: with the same
+// factor, weights and replica counts, so that Σ replicas × requestsPerSecond ≤ the contract's
+// requestsPerSecond and Σ replicas × burst ≤ its burst at every replica count.
+type RateShare struct {
+	// requestsPerSecond is each pod's steady rate, requestsPerSecond × factor × weight /
+	// Σ (weight × replicas), as a decimal rounded down to thousandths (the agent gets the exact
+	// share, rounded down).
+	RequestsPerSecond string `json:"requestsPerSecond"`
+	// burst is each pod's share of the contract's burst, ⌊burst × factor × weight /
+	// Σ (weight × replicas)⌋. It is 0 when the pods outnumber the burst: such a pod is paced —
+	// one call, then one per 1/requestsPerSecond, never two at once (docs/agent.md).
+	Burst int32 `json:"burst"`
 }
 
 // PodHolding is what one pod may be using, as the manager's ledger counts it.
@@ -283,12 +300,10 @@ const (
 	// can find (no apportion.io/agent-port annotation, no container port apportion-ctl): they are
 	// counted at their share, but nothing enforces it.
 	ConditionPodsWithoutAgent = "PodsWithoutAgent"
-
-	// ReasonRecovering is the Ready condition's reason while a newly started manager waits out
-	// a previous manager's leases: it raises nobody, and its ledger may count what it cannot see
-	// yet above the limit.
-	ReasonRecovering = "Recovering"
 )
+
+// The reasons of these conditions, and of the Events the manager records about a quota, are in
+// conditions.go.
 
 // DownstreamQuotaStatus is what the manager computed and what every pod holds.
 type DownstreamQuotaStatus struct {

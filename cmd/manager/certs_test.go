@@ -16,15 +16,12 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
-	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/testenv"
 )
 
 // TestWebhookCertificateRotation runs the manager's webhook setup with its own certificate
@@ -33,28 +30,15 @@ import (
 // the Secret into the cert dir) and the CA is in the MutatingWebhookConfiguration; then it serves
 // TLS with a certificate for the webhook Service's DNS name, signed by that CA.
 func TestWebhookCertificateRotation(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Skip("KUBEBUILDER_ASSETS is not set (hack/envtest-assets.sh)")
-	}
-	sch := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	if err := apportionv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
+	testenv.SkipWithoutAssets(t)
+	env, err := testenv.Start(testenv.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = env.Stop() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := client.New(cfg, client.Options{Scheme: sch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, sch, c := env.Config, env.Scheme, env.Client
 
 	const ns = "apportion-system"
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {

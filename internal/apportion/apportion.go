@@ -16,6 +16,9 @@
 // some pods get 0 (their calls fail fast into the fallback), nothing above the budget is assigned,
 // and Result.FitWeighted says how large W may be for every pod to get one permit.
 //
+// A rate contract (requests per second and a burst) is split the same way by SplitRate, with the
+// same factor, weights and counts, and the same three guarantees.
+//
 // Replica counts err high on purpose (see Replicas): counting a pod that is not calling wastes a
 // little quota; missing a pod that is calling breaks the global limit.
 package apportion

@@ -150,7 +150,9 @@ func (d *Downstream) LapsedLimit() int32 {
 type Rate struct {
 	// PerSecond is the steady rate (> 0).
 	PerSecond float64 `json:"perSecond"`
-	// Burst is the bucket size for TokenBucket (>= 1); Pacing ignores it.
+	// Burst is the bucket size for TokenBucket (>= 0); Pacing ignores it. 0 is the pod's share
+	// when the pods outnumber the contract's burst: the agent keeps a bucket of one token, so
+	// the pod is paced (one call per 1/PerSecond, never two at once), not refused.
 	Burst int32 `json:"burst"`
 	// Mode is "TokenBucket" or "Pacing".
 	Mode string `json:"mode"`

@@ -130,8 +130,8 @@ func TestDecodeErrors(t *testing.T) {
 		{name: "relative upstream", body: mutate(t, func(m map[string]any) { ds(m, 0)["upstream"] = "/api" }), want: []string{"downstreams[0].upstream: must be an absolute http or https URL"}},
 		{name: "ftp upstream", body: mutate(t, func(m map[string]any) { ds(m, 1)["upstream"] = "ftp://geo" }), want: []string{"downstreams[1].upstream: must be an absolute http or https URL"}},
 		{name: "rate", body: mutate(t, func(m map[string]any) {
-			ds(m, 0)["rate"] = map[string]any{"perSecond": 0, "burst": 0, "mode": "Leaky"}
-		}), want: []string{"downstreams[0].rate.perSecond: must be a finite number greater than 0", "downstreams[0].rate.burst: must be at least 1", `downstreams[0].rate.mode: must be "TokenBucket" or "Pacing"`}},
+			ds(m, 0)["rate"] = map[string]any{"perSecond": 0, "burst": -1, "mode": "Leaky"}
+		}), want: []string{"downstreams[0].rate.perSecond: must be a finite number greater than 0", "downstreams[0].rate.burst: must be 0 or more", `downstreams[0].rate.mode: must be "TokenBucket" or "Pacing"`}},
 		{name: "breaker ranges", body: mutate(t, func(m map[string]any) {
 			ds(m, 0)["breaker"] = map[string]any{"window": "500ms", "failureRatePercent": 101, "slowCallThreshold": "0s",
 				"slowCallRatePercent": 0, "minimumCalls": 0, "openDuration": "2h", "halfOpenProbes": 101}

@@ -205,8 +205,8 @@ func (v *validator) downstream(p string, d *Downstream) {
 		} else if r.PerSecond > 1e9 {
 			v.add(rp+".perSecond", "must be at most 1e9")
 		}
-		if r.Burst < 1 {
-			v.add(rp+".burst", "must be at least 1")
+		if r.Burst < 0 {
+			v.add(rp+".burst", "must be 0 or more")
 		}
 		if r.Mode != ModeTokenBucket && r.Mode != ModePacing {
 			v.add(rp+".mode", fmt.Sprintf("must be %q or %q", ModeTokenBucket, ModePacing))

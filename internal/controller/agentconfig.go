@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -9,13 +10,9 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// Defaults for fields the API server did not default (a whole optional struct left out).
-// They match the CRD's +kubebuilder:default markers.
-const (
-	defaultAcquireTimeout = 200 * time.Millisecond
-	defaultRequestTimeout = 30 * time.Second
-	defaultMaxStaleness   = 5 * time.Minute
-)
+// The defaults below are the CRD's (apportionv1.Default*): the API server applies them on
+// admission; they are applied here again for what can still be empty — an object built in
+// memory, or a whole optional struct left out.
 
 func durOr(d *metav1.Duration, def time.Duration) assignment.Duration {
 	if d == nil || d.Duration <= 0 {
@@ -32,26 +29,30 @@ func int32Or(v, def int32) int32 {
 }
 
 // downstreamTemplate turns a quota's spec into the per-pod enforcement every agent gets;
-// Permits, SafeDefaultPermits and Rate are filled per pod.
+// Permits, SafeDefaultPermits and the rate's PerSecond and Burst are filled per pod (the
+// template's Rate carries only the contract's mode, see push.DesiredQuota).
 func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 	p := dq.Spec.Agent
 	d := assignment.Downstream{
 		Name:           dq.Name,
 		Upstream:       dq.Spec.Upstream,
 		FailClosed:     p.FailurePolicy == apportionv1.FailureClosed,
-		AcquireTimeout: durOr(p.AcquireTimeout, defaultAcquireTimeout),
-		RequestTimeout: durOr(p.RequestTimeout, defaultRequestTimeout),
+		AcquireTimeout: durOr(p.AcquireTimeout, apportionv1.DefaultAcquireTimeout),
+		RequestTimeout: durOr(p.RequestTimeout, apportionv1.DefaultRequestTimeout),
 		Fallback:       fallbackFor(p.Fallback),
+	}
+	if rc := dq.Spec.Rate; rc != nil {
+		d.Rate = &assignment.Rate{Mode: string(cmp.Or(rc.Mode, apportionv1.DefaultRateMode))}
 	}
 	if b := p.CircuitBreaker; b != nil {
 		d.Breaker = &assignment.Breaker{
-			Window:              durOr(b.Window, 10*time.Second),
-			FailureRatePercent:  int32Or(b.FailureRatePercent, 50),
-			SlowCallThreshold:   durOr(b.SlowCallThreshold, time.Second),
-			SlowCallRatePercent: int32Or(b.SlowCallRatePercent, 100),
-			MinimumCalls:        int32Or(b.MinimumCalls, 20),
-			OpenDuration:        durOr(b.OpenDuration, 30*time.Second),
-			HalfOpenProbes:      int32Or(b.HalfOpenProbes, 3),
+			Window:              durOr(b.Window, apportionv1.DefaultBreakerWindow),
+			FailureRatePercent:  int32Or(b.FailureRatePercent, apportionv1.DefaultBreakerFailureRatePercent),
+			SlowCallThreshold:   durOr(b.SlowCallThreshold, apportionv1.DefaultBreakerSlowCallThreshold),
+			SlowCallRatePercent: int32Or(b.SlowCallRatePercent, apportionv1.DefaultBreakerSlowCallRatePercent),
+			MinimumCalls:        int32Or(b.MinimumCalls, apportionv1.DefaultBreakerMinimumCalls),
+			OpenDuration:        durOr(b.OpenDuration, apportionv1.DefaultBreakerOpenDuration),
+			HalfOpenProbes:      int32Or(b.HalfOpenProbes, apportionv1.DefaultBreakerHalfOpenProbes),
 		}
 	}
 	d.Recovery = recoveryFor(p.Recovery)
@@ -64,23 +65,13 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 	return d
 }
 
-// Recovery defaults, as the CRD's markers (for a spec written before the fields existed).
-const (
-	defaultRecoveryWindow  = time.Second
-	defaultInitialPercent  = 10
-	defaultStepPercent     = 10
-	defaultHealthyWindows  = 2
-	defaultTolerance       = 150
-	defaultBaselineWindows = 60
-)
-
 // recoveryFor converts the quota's recovery policy to the wire: the default Linear ramp when the
 // policy or its ramp is absent, none with shape Off; adaptive concurrency only when asked for.
 func recoveryFor(r *apportionv1.Recovery) *assignment.Recovery {
 	if r == nil {
 		r = &apportionv1.Recovery{}
 	}
-	out := &assignment.Recovery{Window: durOr(r.Window, defaultRecoveryWindow)}
+	out := &assignment.Recovery{Window: durOr(r.Window, apportionv1.DefaultRecoveryWindow)}
 	ramp := r.Ramp
 	if ramp == nil {
 		ramp = &apportionv1.RecoveryRamp{}
@@ -88,13 +79,13 @@ func recoveryFor(r *apportionv1.Recovery) *assignment.Recovery {
 	if ramp.Shape != apportionv1.RampOff {
 		shape := string(ramp.Shape)
 		if shape == "" {
-			shape = string(apportionv1.RampLinear)
+			shape = string(apportionv1.DefaultRampShape)
 		}
 		out.Ramp = &assignment.Ramp{
 			Shape:          shape,
-			InitialPercent: int32Or(ramp.InitialPercent, defaultInitialPercent),
-			StepPercent:    int32Or(ramp.StepPercent, defaultStepPercent),
-			HealthyWindows: int32Or(ramp.HealthyWindows, defaultHealthyWindows),
+			InitialPercent: int32Or(ramp.InitialPercent, apportionv1.DefaultRampInitialPercent),
+			StepPercent:    int32Or(ramp.StepPercent, apportionv1.DefaultRampStepPercent),
+			HealthyWindows: int32Or(ramp.HealthyWindows, apportionv1.DefaultRampHealthyWindows),
 		}
 		if ramp.LatencyTarget != nil && ramp.LatencyTarget.Duration > 0 {
 			out.Ramp.LatencyTarget = assignment.Duration(ramp.LatencyTarget.Duration)
@@ -102,9 +93,9 @@ func recoveryFor(r *apportionv1.Recovery) *assignment.Recovery {
 	}
 	if a := r.Adaptive; a != nil {
 		out.Adaptive = &assignment.Adaptive{
-			TolerancePercent: int32Or(a.TolerancePercent, defaultTolerance),
-			BaselineWindows:  int32Or(a.BaselineWindows, defaultBaselineWindows),
-			MinLimit:         int32Or(a.MinLimit, 1),
+			TolerancePercent: int32Or(a.TolerancePercent, apportionv1.DefaultAdaptiveTolerancePercent),
+			BaselineWindows:  int32Or(a.BaselineWindows, apportionv1.DefaultAdaptiveBaselineWindows),
+			MinLimit:         int32Or(a.MinLimit, apportionv1.DefaultAdaptiveMinLimit),
 		}
 	}
 	if out.Ramp == nil && out.Adaptive == nil {
@@ -116,24 +107,33 @@ func recoveryFor(r *apportionv1.Recovery) *assignment.Recovery {
 // fallbackFor converts the API's fallback (shared by DownstreamQuota and DegradeRule) to the wire.
 func fallbackFor(f *apportionv1.Fallback) assignment.Fallback {
 	if f == nil {
-		return assignment.Fallback{Action: string(apportionv1.FallbackReject)}
+		return assignment.Fallback{Action: string(apportionv1.DefaultFallbackAction)}
 	}
 	out := assignment.Fallback{Action: string(f.Action)}
 	if out.Action == "" {
-		out.Action = string(apportionv1.FallbackReject)
+		out.Action = string(apportionv1.DefaultFallbackAction)
 	}
 	if f.Static != nil {
 		out.Static = &assignment.StaticResponse{
-			Status:  int32Or(f.Static.Status, 200),
+			Status:  int32Or(f.Static.Status, apportionv1.DefaultStaticStatus),
 			Headers: f.Static.Headers,
 			Body:    f.Static.Body,
 		}
 	}
 	if out.Action == string(apportionv1.FallbackServeStale) {
-		out.MaxStaleness = durOr(f.MaxStaleness, defaultMaxStaleness)
+		out.MaxStaleness = durOr(f.MaxStaleness, apportionv1.DefaultMaxStaleness)
 	}
 	for _, m := range f.AllowedMethods {
 		out.AllowedMethods = append(out.AllowedMethods, string(m))
 	}
 	return out
 }
+
+// safetyFactorPercent is the quota's share of maxInFlight (and of its rate contract) apportioned
+// to pods, in percent.
+func safetyFactorPercent(dq *apportionv1.DownstreamQuota) int32 {
+	return int32Or(dq.Spec.SafetyFactorPercent, apportionv1.DefaultSafetyFactorPercent)
+}
+
+// weightOf is a target's weight.
+func weightOf(t apportionv1.Target) int64 { return int64(int32Or(t.Weight, apportionv1.DefaultWeight)) }

@@ -11,6 +11,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 func TestAgentBootstraps(t *testing.T) {
@@ -41,17 +42,17 @@ func TestAgentBootstraps(t *testing.T) {
 
 func TestAgentOf(t *testing.T) {
 	always := corev1.ContainerRestartPolicyAlways
-	ctl := []corev1.ContainerPort{{Name: AgentPortName, ContainerPort: 15000}}
+	ctl := []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 15000}}
 	for _, tc := range []struct {
 		name string
 		pod  corev1.Pod
 		want podAgent
 	}{
 		{"nothing", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}}}, podAgent{}},
-		{"annotation", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "15100"}}}, podAgent{Port: 15100}},
-		{"annotation wins over the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "15100"}},
+		{"annotation", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "15100"}}}, podAgent{Port: 15100}},
+		{"annotation wins over the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "15100"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15100}},
-		{"a bad annotation falls back to the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AgentPortAnnotation: "ctl"}},
+		{"a bad annotation falls back to the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "ctl"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
 		{"named port in a container", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
 		{"native sidecar with port and --bootstrap", corev1.Pod{Spec: corev1.PodSpec{
@@ -75,17 +76,17 @@ func TestAgentOf(t *testing.T) {
 // no longer claims every agent answered) and Ready false, and are named, capped; unreachable
 // agents take precedence in PodsReachable.
 func TestComputeStatusPodsWithoutAgent(t *testing.T) {
-	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Spec: apportionv1.DownstreamQuotaSpec{MaxInFlight: 50}}
+	dq := builders.MakeDownstreamQuota("", "").Generation(1).Limit(50).Upstream("").Obj()
 	target := apportionv1.Target{Kind: apportionv1.KindDeployment, Name: "gateway"}
 	var pods []corev1.Pod
 	for i := range 14 {
-		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gateway-%02d", i)}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+		p := builders.MakePod(fmt.Sprintf("gateway-%02d", i), "").Running("10.0.0.1")
 		if i < 2 {
-			p.Annotations = map[string]string{AgentPortAnnotation: "15000"}
+			p.AgentPort(15000)
 		}
-		pods = append(pods, p)
+		pods = append(pods, *p.Obj())
 	}
-	pods = append(pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gateway-pending"}}) // no IP: not calling
+	pods = append(pods, *builders.MakePod("gateway-pending", "").Obj()) // no IP: not calling
 	obs := []targetObservation{{Target: target, Found: true, SpecReplicas: 15, Pods: pods}}
 	split := splitFor(dq, obs)
 	now := metav1.Now()
@@ -102,13 +103,13 @@ func TestComputeStatusPodsWithoutAgent(t *testing.T) {
 		t.Fatalf("pods counted %d, want 15 (pods without an agent stay counted)", st.Pods)
 	}
 	c := cond(st, apportionv1.ConditionPodsWithoutAgent)
-	if c.Status != metav1.ConditionTrue || c.Reason != ReasonAgentNotFound ||
+	if c.Status != metav1.ConditionTrue || c.Reason != apportionv1.ReasonAgentNotFound ||
 		!strings.Contains(c.Message, "12 pods have no agent") ||
 		!strings.Contains(c.Message, "gateway-02, gateway-03, gateway-04, gateway-05, gateway-06, gateway-07, gateway-08, gateway-09, gateway-10, gateway-11 and 2 more") ||
 		strings.Contains(c.Message, "gateway-00") || strings.Contains(c.Message, "pending") {
 		t.Fatalf("PodsWithoutAgent = %+v", c)
 	}
-	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != ReasonAgentNotFound {
+	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != apportionv1.ReasonAgentNotFound {
 		t.Fatalf("PodsReachable = %+v", c)
 	}
 	if c := cond(st, apportionv1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != apportionv1.ConditionPodsWithoutAgent {
@@ -116,7 +117,7 @@ func TestComputeStatusPodsWithoutAgent(t *testing.T) {
 	}
 
 	st = computeStatus(dq, obs, split, &push.Report{Converged: true, Unreachable: []string{"gateway-00"}}, now)
-	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != ReasonAgentsUnreachable {
+	if c := cond(st, apportionv1.ConditionPodsReachable); c.Status != metav1.ConditionFalse || c.Reason != apportionv1.ReasonAgentsUnreachable {
 		t.Fatalf("PodsReachable with an unreachable agent = %+v", c)
 	}
 

@@ -125,16 +125,16 @@ func (r *DegradeRuleReconciler) recordPhase(rule *apportionv1.DegradeRule, dq *a
 	st := &rule.Status
 	switch st.Phase {
 	case apportionv1.PhaseActive:
-		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, "Activated", "Activate",
+		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, apportionv1.ReasonRuleActivated, "Activate",
 			"degrading %s for %s: %s (%s)", rule.Spec.Downstream, st.Scope, st.Message, rule.Spec.Reason)
 	case apportionv1.PhasePending:
-		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, "Accepted", "Push", "%s", st.Message)
+		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, apportionv1.ReasonRuleAccepted, "Push", "%s", st.Message)
 	case apportionv1.PhaseExpired:
-		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, "Expired", "Expire", "%s", st.Message)
+		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, apportionv1.ReasonRuleExpired, "Expire", "%s", st.Message)
 	case apportionv1.PhaseInactive:
-		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, "Deactivated", "Deactivate", "%s", st.Message)
+		r.Recorder.Eventf(rule, related, corev1.EventTypeNormal, apportionv1.ReasonRuleDeactivated, "Deactivate", "%s", st.Message)
 	case apportionv1.PhaseInvalid:
-		r.Recorder.Eventf(rule, related, corev1.EventTypeWarning, "Invalid", "Validate", "%s", st.Message)
+		r.Recorder.Eventf(rule, related, corev1.EventTypeWarning, apportionv1.ReasonRuleInvalid, "Validate", "%s", st.Message)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // fakeSwitches plays the push engine's SwitchApplied: tests set what the pods confirmed; a
@@ -61,18 +62,11 @@ func init() {
 
 // saleRule is the playbook's rule: recommend answers a static empty list to 10 % of users.
 func saleRule(ns, name string, expiresAt time.Time) *apportionv1.DegradeRule {
-	return &apportionv1.DegradeRule{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: apportionv1.DegradeRuleSpec{
-			Downstream: "recommend",
-			Action: apportionv1.Fallback{Action: apportionv1.FallbackStatic, Static: &apportionv1.StaticResponse{
-				Status: 200, Headers: map[string]string{"Content-Type": "application/json"}, Body: "[]",
-			}},
-			Reason:    "sale: recommend saturated, INC-4711",
-			ExpiresAt: metav1.NewTime(expiresAt),
-			Scope:     &apportionv1.DegradeScope{Percent: ptr.To[int32](10), KeyHeader: "X-User-Id"},
-		},
-	}
+	return builders.MakeDegradeRule(name, ns, "recommend", expiresAt).
+		Static(200, map[string]string{"Content-Type": "application/json"}, "[]").
+		Reason("sale: recommend saturated, INC-4711").
+		Percent(10, "X-User-Id").
+		Obj()
 }
 
 func getRule(ctx context.Context, ns, name string) func() (*apportionv1.DegradeRule, error) {
@@ -104,7 +98,7 @@ func ruleCondition(t string) func(*apportionv1.DegradeRule) string {
 // pushedSwitches is what the DownstreamQuota reconciler would hand the push engine for a quota
 // now: its own switchesFor over the manager's cache.
 func pushedSwitches(ctx context.Context, ns, quotaName string) []string {
-	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: quotaName}}
+	dq := builders.MakeDownstreamQuota(quotaName, ns).Obj()
 	sws, err := (&DownstreamQuotaReconciler{Client: managerClient, Clock: clock.RealClock{}}).switchesFor(ctx, dq)
 	Expect(err).NotTo(HaveOccurred())
 	names := []string{}
@@ -139,7 +133,7 @@ var _ = Describe("DegradeRule", func() {
 		ns = newNamespace(ctx)
 	})
 	recommendQuota := func() *apportionv1.DownstreamQuota {
-		return quota(ns, "recommend", 200, apportionv1.Target{Kind: "Deployment", Name: "storefront"})
+		return builders.MakeDownstreamQuota("recommend", ns).Limit(200).Target(apportionv1.KindDeployment, "storefront").Obj()
 	}
 
 	It("is Pending until every affected pod confirmed it, then Active, and is pushed meanwhile", func() {

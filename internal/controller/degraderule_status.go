@@ -15,16 +15,6 @@ import (
 // manager's --max-degrade-horizon is not set.
 const DefaultMaxDegradeHorizon = 24 * time.Hour
 
-// Reasons of a DegradeRule's Valid condition. The Ready condition's reason is the phase.
-const (
-	ReasonRuleValid          = "Valid"
-	ReasonExpiryPast         = "ExpiryPast"
-	ReasonBeyondHorizon      = "BeyondHorizon"
-	ReasonAgentWouldRefuse   = "AgentWouldRefuse"
-	ReasonDownstreamNotFound = "DownstreamNotFound"
-	ReasonTargetNotFound     = "TargetNotFound"
-)
-
 // ruleInputs is what one DegradeRule reconcile observed.
 type ruleInputs struct {
 	// Now is the reconciler's clock.
@@ -46,7 +36,7 @@ type ruleInputs struct {
 func timeVerdict(rule *apportionv1.DegradeRule, now time.Time, horizon time.Duration) (firstSight bool, reason, msg string) {
 	if prev := meta.FindStatusCondition(rule.Status.Conditions, apportionv1.ConditionValid); prev != nil &&
 		prev.ObservedGeneration == rule.Generation && rule.Status.ObservedGeneration == rule.Generation {
-		if prev.Reason == ReasonExpiryPast || prev.Reason == ReasonBeyondHorizon {
+		if prev.Reason == apportionv1.ReasonExpiryPast || prev.Reason == apportionv1.ReasonBeyondHorizon {
 			return false, prev.Reason, prev.Message
 		}
 		return false, "", ""
@@ -54,11 +44,11 @@ func timeVerdict(rule *apportionv1.DegradeRule, now time.Time, horizon time.Dura
 	exp := rule.Spec.ExpiresAt.Time
 	switch {
 	case !now.Before(exp):
-		return true, ReasonExpiryPast, fmt.Sprintf(
+		return true, apportionv1.ReasonExpiryPast, fmt.Sprintf(
 			"expiresAt %s was already past when the rule was written; set a future expiresAt (at most %s ahead) to apply it",
 			fmtRuleTime(exp), fmtHorizon(horizon))
 	case exp.Sub(now) > horizon:
-		return true, ReasonBeyondHorizon, fmt.Sprintf(
+		return true, apportionv1.ReasonBeyondHorizon, fmt.Sprintf(
 			"expiresAt %s is %s ahead, beyond the manager's maximum horizon of %s (--max-degrade-horizon); set an earlier expiresAt",
 			fmtRuleTime(exp), fmtHorizon(exp.Sub(now).Round(time.Second)), fmtHorizon(horizon))
 	}
@@ -69,10 +59,10 @@ func timeVerdict(rule *apportionv1.DegradeRule, now time.Time, horizon time.Dura
 // reconcile, so a rule becomes valid once its DownstreamQuota appears.
 func refVerdict(rule *apportionv1.DegradeRule, dq *apportionv1.DownstreamQuota) (reason, msg string) {
 	if refusal := agentRefusal(rule); refusal != "" {
-		return ReasonAgentWouldRefuse, "the agents would refuse this switch: " + refusal
+		return apportionv1.ReasonAgentWouldRefuse, "the agents would refuse this switch: " + refusal
 	}
 	if dq == nil {
-		return ReasonDownstreamNotFound, fmt.Sprintf(
+		return apportionv1.ReasonDownstreamNotFound, fmt.Sprintf(
 			"DownstreamQuota %q does not exist in namespace %q; the rule is not pushed until it does",
 			rule.Spec.Downstream, rule.Namespace)
 	}
@@ -84,7 +74,7 @@ func refVerdict(rule *apportionv1.DegradeRule, dq *apportionv1.DownstreamQuota) 
 			}
 			names = append(names, string(qt.Kind)+"/"+qt.Name)
 		}
-		return ReasonTargetNotFound, fmt.Sprintf("%s/%s is not a target of DownstreamQuota %q (its targets: %s)",
+		return apportionv1.ReasonTargetNotFound, fmt.Sprintf("%s/%s is not a target of DownstreamQuota %q (its targets: %s)",
 			t.Kind, t.Name, dq.Name, strings.Join(names, ", "))
 	}
 	return "", ""
@@ -175,22 +165,14 @@ func computeRuleStatus(rule *apportionv1.DegradeRule, in ruleInputs) apportionv1
 		}
 	}
 
-	set := func(t string, ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: rule.Generation, LastTransitionTime: now,
-		})
-	}
+	set := func(t string, ok bool, reason, msg string) { st.SetCondition(t, ok, reason, msg, now) }
 	switch {
 	case timeReason != "":
 		set(apportionv1.ConditionValid, false, timeReason, timeMsg)
 	case refReason != "":
 		set(apportionv1.ConditionValid, false, refReason, refMsg)
 	default:
-		set(apportionv1.ConditionValid, true, ReasonRuleValid, "the rule can be applied")
+		set(apportionv1.ConditionValid, true, apportionv1.ReasonRuleValid, "the rule can be applied")
 	}
 	set(apportionv1.ConditionReady, st.Phase == apportionv1.PhaseActive, string(st.Phase), st.Message)
 	return st
@@ -218,7 +200,7 @@ func ruleRequeue(rule *apportionv1.DegradeRule, st *apportionv1.DegradeRuleStatu
 		// An invalid expiry stands until the spec is edited; a missing quota or target is
 		// re-judged on the quota's events, but the rule still ends at its expiry.
 		if c := meta.FindStatusCondition(st.Conditions, apportionv1.ConditionValid); c != nil &&
-			(c.Reason == ReasonExpiryPast || c.Reason == ReasonBeyondHorizon) {
+			(c.Reason == apportionv1.ReasonExpiryPast || c.Reason == apportionv1.ReasonBeyondHorizon) {
 			return 0
 		}
 		return untilExpiry

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // The pure part of the DegradeRule controller: computeRuleStatus, ruleRequeue and switchFor's
@@ -22,19 +23,13 @@ var (
 )
 
 func drRule(gen int64, expiresIn time.Duration, mutate ...func(*apportionv1.DegradeRule)) *apportionv1.DegradeRule {
-	r := &apportionv1.DegradeRule{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "recommend-sale", Generation: gen},
-		Spec: apportionv1.DegradeRuleSpec{
-			Downstream: "recommend",
-			Action: apportionv1.Fallback{Action: apportionv1.FallbackStatic, Static: &apportionv1.StaticResponse{
-				Status: 200, Headers: map[string]string{"Content-Type": "application/json"}, Body: "[]",
-			}},
-			Active:    ptr.To(true),
-			Reason:    "Black Friday: recommend is saturated",
-			ExpiresAt: metav1.NewTime(t0.Add(expiresIn)),
-			Scope:     &apportionv1.DegradeScope{Percent: ptr.To[int32](10), KeyHeader: "X-User-Id"},
-		},
-	}
+	r := builders.MakeDegradeRule("recommend-sale", "shop", "recommend", t0.Add(expiresIn)).
+		Generation(gen).
+		Static(200, map[string]string{"Content-Type": "application/json"}, "[]").
+		Active(true).
+		Reason("Black Friday: recommend is saturated").
+		Percent(10, "X-User-Id").
+		Obj()
 	for _, m := range mutate {
 		m(r)
 	}
@@ -47,7 +42,7 @@ func judged(phase apportionv1.DegradePhase, validReason string, conds ...metav1.
 		r.Status.ObservedGeneration = r.Generation
 		r.Status.Phase = phase
 		valid := metav1.ConditionTrue
-		if validReason != ReasonRuleValid {
+		if validReason != apportionv1.ReasonRuleValid {
 			valid = metav1.ConditionFalse
 		}
 		r.Status.Conditions = append([]metav1.Condition{
@@ -69,11 +64,11 @@ func cond(typ string, ok bool, reason, msg string, gen int64, at metav1.Time) me
 }
 
 func recommendQuota(targets ...string) *apportionv1.DownstreamQuota {
-	dq := &apportionv1.DownstreamQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "recommend"}}
+	w := builders.MakeDownstreamQuota("recommend", "shop").Upstream("")
 	for _, t := range targets {
-		dq.Spec.Targets = append(dq.Spec.Targets, apportionv1.Target{Kind: apportionv1.KindDeployment, Name: t})
+		w.Target(apportionv1.KindDeployment, t)
 	}
-	return dq
+	return w.Obj()
 }
 
 const (
@@ -127,7 +122,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "Pending while some pods have not confirmed",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, ReasonRuleValid)),
+			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, apportionv1.ReasonRuleValid)),
 			in:   engine(2, 3),
 			want: apportionv1.DegradeRuleStatus{
 				ObservedGeneration: 1, Phase: apportionv1.PhasePending, Message: "2 of 3 affected pods confirmed it",
@@ -140,7 +135,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "Pending → Active once every affected pod confirmed it",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, ReasonRuleValid,
+			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, apportionv1.ReasonRuleValid,
 				cond("Ready", false, "Pending", "2 of 3 affected pods confirmed it", 1, before))),
 			in: engine(3, 3),
 			want: apportionv1.DegradeRuleStatus{
@@ -155,7 +150,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "an Active rule stays Active while a new pod has not confirmed it yet",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhaseActive, ReasonRuleValid,
+			rule: drRule(1, time.Hour, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid,
 				cond("Ready", true, "Active", "x", 1, before)), withActiveSince(before)),
 			in: engine(3, 4),
 			want: apportionv1.DegradeRuleStatus{
@@ -171,7 +166,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		{
 			name: "an edit of an Active rule is Pending again but keeps activeSince",
 			rule: drRule(2, time.Hour, func(r *apportionv1.DegradeRule) {
-				judged(apportionv1.PhaseActive, ReasonRuleValid, cond("Ready", true, "Active", "x", 1, before))(r)
+				judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid, cond("Ready", true, "Active", "x", 1, before))(r)
 				r.Status.ObservedGeneration = 1
 				r.Status.Conditions[0].ObservedGeneration = 1
 				r.Spec.Scope.Percent = ptr.To[int32](50)
@@ -189,7 +184,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "an Active rule that reaches its expiry is Expired, not Invalid; activeSince stays on record",
-			rule: drRule(1, 0, judged(apportionv1.PhaseActive, ReasonRuleValid,
+			rule: drRule(1, 0, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid,
 				cond("Ready", true, "Active", "x", 1, before)), withActiveSince(before)),
 			in: noEngine(t0),
 			want: apportionv1.DegradeRuleStatus{
@@ -203,7 +198,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "an expired rule whose quota was deleted stays Expired",
-			rule: drRule(1, -time.Minute, judged(apportionv1.PhaseExpired, ReasonRuleValid)),
+			rule: drRule(1, -time.Minute, judged(apportionv1.PhaseExpired, apportionv1.ReasonRuleValid)),
 			in:   ruleInputs{Now: t0, Horizon: 24 * time.Hour},
 			want: apportionv1.DegradeRuleStatus{
 				ObservedGeneration: 1, Phase: apportionv1.PhaseExpired,
@@ -245,7 +240,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "an expiry judged beyond the horizon stays Invalid when it comes within it, until the spec is edited",
-			rule: drRule(1, 2*time.Hour, judged(apportionv1.PhaseInvalid, ReasonBeyondHorizon,
+			rule: drRule(1, 2*time.Hour, judged(apportionv1.PhaseInvalid, apportionv1.ReasonBeyondHorizon,
 				cond("Ready", false, "Invalid", "earlier", 1, before))),
 			in: noEngine(t0),
 			want: apportionv1.DegradeRuleStatus{
@@ -259,7 +254,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		{
 			name: "editing the expiry of an Expired rule to a valid future time switches it on again",
 			rule: drRule(2, time.Hour, func(r *apportionv1.DegradeRule) {
-				judged(apportionv1.PhaseExpired, ReasonRuleValid, cond("Ready", false, "Expired", "x", 1, before))(r)
+				judged(apportionv1.PhaseExpired, apportionv1.ReasonRuleValid, cond("Ready", false, "Expired", "x", 1, before))(r)
 				r.Status.ObservedGeneration = 1
 				r.Status.Conditions[0].ObservedGeneration = 1
 			}, withActiveSince(before)),
@@ -276,7 +271,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		{
 			name: "editing an Expired rule without moving its expiry makes it Invalid",
 			rule: drRule(2, -time.Minute, func(r *apportionv1.DegradeRule) {
-				judged(apportionv1.PhaseExpired, ReasonRuleValid)(r)
+				judged(apportionv1.PhaseExpired, apportionv1.ReasonRuleValid)(r)
 				r.Status.ObservedGeneration = 1
 				r.Status.Conditions[0].ObservedGeneration = 1
 			}),
@@ -307,7 +302,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "the DownstreamQuota appears later: valid then, its expiry judged at creation still holds",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, ReasonDownstreamNotFound,
+			rule: drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, apportionv1.ReasonDownstreamNotFound,
 				cond("Ready", false, "Invalid", "earlier", 1, before))),
 			in: noEngine(t0),
 			want: apportionv1.DegradeRuleStatus{
@@ -321,7 +316,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "the DownstreamQuota appears later, with an engine: Pending until the engine has the switch",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, ReasonDownstreamNotFound,
+			rule: drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, apportionv1.ReasonDownstreamNotFound,
 				cond("Ready", false, "Invalid", "earlier", 1, before))),
 			in: engine(0, 0),
 			want: apportionv1.DegradeRuleStatus{
@@ -336,7 +331,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "Pending with an engine and no affected pod: Active",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, ReasonRuleValid)),
+			rule: drRule(1, time.Hour, judged(apportionv1.PhasePending, apportionv1.ReasonRuleValid)),
 			in:   engine(0, 0),
 			want: apportionv1.DegradeRuleStatus{
 				ObservedGeneration: 1, Phase: apportionv1.PhaseActive,
@@ -400,7 +395,7 @@ func TestComputeRuleStatus(t *testing.T) {
 		},
 		{
 			name: "an unchanged status keeps every LastTransitionTime",
-			rule: drRule(1, time.Hour, judged(apportionv1.PhaseActive, ReasonRuleValid,
+			rule: drRule(1, time.Hour, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid,
 				cond("Ready", true, "Active", activeNoEngine, 1, before)), func(r *apportionv1.DegradeRule) {
 				r.Status.Conditions[0].Message = validMsg
 				r.Status.Message = activeNoEngine
@@ -449,15 +444,15 @@ func TestRuleRequeue(t *testing.T) {
 		engine    bool
 		want      time.Duration
 	}{
-		{"Active without an engine: exactly at the expiry", 90 * time.Minute, st(apportionv1.PhaseActive, ReasonRuleValid), false, 90 * time.Minute},
-		{"Active with an engine: refresh the counts", 90 * time.Minute, st(apportionv1.PhaseActive, ReasonRuleValid), true, resync},
-		{"Active with an engine, expiry sooner than the refresh", 3 * time.Second, st(apportionv1.PhaseActive, ReasonRuleValid), true, 3 * time.Second},
-		{"Pending: poll", time.Hour, st(apportionv1.PhasePending, ReasonRuleValid), true, poll},
-		{"Pending, expiry sooner than the poll", 100 * time.Millisecond, st(apportionv1.PhasePending, ReasonRuleValid), true, 100 * time.Millisecond},
-		{"Inactive: at the expiry, to mark it Expired", time.Hour, st(apportionv1.PhaseInactive, ReasonRuleValid), false, time.Hour},
-		{"Invalid for a missing quota: at the expiry", time.Hour, st(apportionv1.PhaseInvalid, ReasonDownstreamNotFound), false, time.Hour},
-		{"Invalid beyond the horizon: never", 30 * time.Hour, st(apportionv1.PhaseInvalid, ReasonBeyondHorizon), false, 0},
-		{"Expired: never", -time.Second, st(apportionv1.PhaseExpired, ReasonRuleValid), false, 0},
+		{"Active without an engine: exactly at the expiry", 90 * time.Minute, st(apportionv1.PhaseActive, apportionv1.ReasonRuleValid), false, 90 * time.Minute},
+		{"Active with an engine: refresh the counts", 90 * time.Minute, st(apportionv1.PhaseActive, apportionv1.ReasonRuleValid), true, resync},
+		{"Active with an engine, expiry sooner than the refresh", 3 * time.Second, st(apportionv1.PhaseActive, apportionv1.ReasonRuleValid), true, 3 * time.Second},
+		{"Pending: poll", time.Hour, st(apportionv1.PhasePending, apportionv1.ReasonRuleValid), true, poll},
+		{"Pending, expiry sooner than the poll", 100 * time.Millisecond, st(apportionv1.PhasePending, apportionv1.ReasonRuleValid), true, 100 * time.Millisecond},
+		{"Inactive: at the expiry, to mark it Expired", time.Hour, st(apportionv1.PhaseInactive, apportionv1.ReasonRuleValid), false, time.Hour},
+		{"Invalid for a missing quota: at the expiry", time.Hour, st(apportionv1.PhaseInvalid, apportionv1.ReasonDownstreamNotFound), false, time.Hour},
+		{"Invalid beyond the horizon: never", 30 * time.Hour, st(apportionv1.PhaseInvalid, apportionv1.ReasonBeyondHorizon), false, 0},
+		{"Expired: never", -time.Second, st(apportionv1.PhaseExpired, apportionv1.ReasonRuleValid), false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -477,15 +472,15 @@ func TestSwitchForGate(t *testing.T) {
 		want bool
 	}{
 		{"just created, not judged yet", drRule(1, time.Hour), false},
-		{"judged Pending", drRule(1, time.Hour, judged(apportionv1.PhasePending, ReasonRuleValid)), true},
-		{"judged Active", drRule(1, time.Hour, judged(apportionv1.PhaseActive, ReasonRuleValid)), true},
-		{"edited since it was judged Active", drRule(1, time.Hour, judged(apportionv1.PhaseActive, ReasonRuleValid),
+		{"judged Pending", drRule(1, time.Hour, judged(apportionv1.PhasePending, apportionv1.ReasonRuleValid)), true},
+		{"judged Active", drRule(1, time.Hour, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid)), true},
+		{"edited since it was judged Active", drRule(1, time.Hour, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid),
 			func(r *apportionv1.DegradeRule) { r.Generation = 2 }), false},
-		{"judged Invalid", drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, ReasonBeyondHorizon)), false},
-		{"judged Inactive", drRule(1, time.Hour, judged(apportionv1.PhaseInactive, ReasonRuleValid)), false},
-		{"judged Expired", drRule(1, time.Hour, judged(apportionv1.PhaseExpired, ReasonRuleValid)), false},
-		{"Active but past its expiry, not yet marked Expired", drRule(1, 0, judged(apportionv1.PhaseActive, ReasonRuleValid)), false},
-		{"Active but switched off, not yet judged", drRule(1, time.Hour, judged(apportionv1.PhaseActive, ReasonRuleValid),
+		{"judged Invalid", drRule(1, time.Hour, judged(apportionv1.PhaseInvalid, apportionv1.ReasonBeyondHorizon)), false},
+		{"judged Inactive", drRule(1, time.Hour, judged(apportionv1.PhaseInactive, apportionv1.ReasonRuleValid)), false},
+		{"judged Expired", drRule(1, time.Hour, judged(apportionv1.PhaseExpired, apportionv1.ReasonRuleValid)), false},
+		{"Active but past its expiry, not yet marked Expired", drRule(1, 0, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid)), false},
+		{"Active but switched off, not yet judged", drRule(1, time.Hour, judged(apportionv1.PhaseActive, apportionv1.ReasonRuleValid),
 			func(r *apportionv1.DegradeRule) { r.Spec.Active = ptr.To(false) }), false},
 	}
 	for _, tt := range tests {

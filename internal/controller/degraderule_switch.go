@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/utils/ptr"
+
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/push"
@@ -45,11 +47,11 @@ func switchOf(rule *apportionv1.DegradeRule) push.TargetedSwitch {
 		Name:       switchName(rule),
 		Downstream: rule.Spec.Downstream,
 		ExpiresAt:  rule.Spec.ExpiresAt.UTC(),
-		Percent:    100,
+		Percent:    apportionv1.DefaultDegradePercent,
 		Action:     fallbackFor(&rule.Spec.Action),
 	}
 	if s := rule.Spec.Scope; s != nil {
-		sw.Percent = ptrOr(s.Percent, 100)
+		sw.Percent = ptr.Deref(s.Percent, apportionv1.DefaultDegradePercent)
 		sw.KeyHeader = s.KeyHeader
 		for _, h := range s.Headers {
 			sw.Headers = append(sw.Headers, assignment.HeaderMatch{Name: h.Name, Value: h.Value})
@@ -125,8 +127,8 @@ func scopeSummary(s *apportionv1.DegradeScope) string {
 	if s == nil {
 		return "100%"
 	}
-	parts := []string{fmt.Sprintf("%d%%", ptrOr(s.Percent, 100))}
-	if s.KeyHeader != "" && ptrOr(s.Percent, 100) < 100 {
+	parts := []string{fmt.Sprintf("%d%%", ptr.Deref(s.Percent, apportionv1.DefaultDegradePercent))}
+	if s.KeyHeader != "" && ptr.Deref(s.Percent, apportionv1.DefaultDegradePercent) < 100 {
 		parts[0] += " by " + s.KeyHeader
 	}
 	for _, h := range s.Headers {

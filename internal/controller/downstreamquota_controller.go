@@ -120,34 +120,48 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 
 	now := metav1.NewTime(r.Clock.Now())
 	status := computeStatus(&dq, obs, split, report, now)
-	r.decided.Store(req.NamespacedName, status.Targets)
+	type event struct{ typ, reason, action, note string }
+	var events []event
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
-		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
+		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
 	}
 	if msg := safeDefaultMessage(prev, status.Targets); msg != "" {
-		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, ReasonSafeDefaultChanged, "Rebalance", "safe default: %s", msg)
+		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg})
 	}
 	// One Warning each time the set of pods without an agent changes: the condition names them.
 	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsWithoutAgent); c != nil && c.Status == metav1.ConditionTrue {
 		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
-			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, apportionv1.ConditionPodsWithoutAgent, "Apportion", "%s", c.Message)
+			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", c.Message})
 		}
 	}
 	// One Warning each time the set of unreachable pods changes: the condition's message names it.
-	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonAgentsUnreachable {
+	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == apportionv1.ReasonAgentsUnreachable {
 		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
-			r.Recorder.Eventf(&dq, nil, corev1.EventTypeWarning, "PodsUnreachable", "Push",
-				"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
+			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
+				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
 		}
 	}
-	if equality.Semantic.DeepEqual(dq.Status, status) {
-		return ctrl.Result{}, nil
+	changed := !equality.Semantic.DeepEqual(dq.Status, status)
+	if changed {
+		orig := dq.DeepCopy()
+		dq.Status = status
+		if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
+			// Nothing decided or recorded: the retry computes the same change again.
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
 	}
-	orig := dq.DeepCopy()
-	dq.Status = status
-	if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	r.decided.Store(req.NamespacedName, status.Targets)
+	// The Events regard the quota as just written. The Event recorder folds Events of the same
+	// type, reason and action about the same object version into one series and keeps only the
+	// first note, so two rebalances decided on one cached version (the cache lags behind the
+	// status just written) would report the first one twice and lose the second; the version the
+	// status patch returned is new each time.
+	for _, e := range events {
+		r.Recorder.Eventf(&dq, nil, e.typ, e.reason, e.action, "%s", e.note)
+	}
+	if !changed {
+		return ctrl.Result{}, nil
 	}
 	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
 	return ctrl.Result{}, nil
@@ -259,12 +273,30 @@ func (o targetObservation) maxReplicas() int64 {
 	return max(o.Kept, o.replicas())
 }
 
-func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportion.Result {
+// targetsFor is the quota's targets as package apportion counts them.
+func targetsFor(obs []targetObservation) []apportion.Target {
 	ts := make([]apportion.Target, len(obs))
 	for i, o := range obs {
-		ts[i] = apportion.Target{Weight: int64(int32Or(o.Target.Weight, 1)), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
+		ts[i] = apportion.Target{Weight: weightOf(o.Target), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
 	}
-	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(int32Or(dq.Spec.SafetyFactorPercent, 80)), ts)
+	return ts
+}
+
+// splitFor splits the quota's in-flight limit among the observed targets.
+func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportion.Result {
+	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs))
+}
+
+// rateSplitFor splits the quota's rate contract among the observed targets like splitFor splits
+// its limit; nil when the quota has no rate contract.
+func rateSplitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) *apportion.RateResult {
+	rc := dq.Spec.Rate
+	if rc == nil {
+		return nil
+	}
+	r := apportion.SplitRate(int64(rc.RequestsPerSecond), int64(int32Or(rc.Burst, apportionv1.DefaultRateBurst)),
+		int64(safetyFactorPercent(dq)), targetsFor(obs))
+	return &r
 }
 
 // desiredQuota is what every pod should hold, for the Pusher.
@@ -277,14 +309,11 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 		Downstream: downstreamTemplate(dq),
 		Switches:   switches,
 	}
-	factor := float64(int32Or(dq.Spec.SafetyFactorPercent, 80)) / 100
+	rates := rateSplitFor(dq, obs)
 	for i, o := range obs {
-		var rps float64
-		var burst int32
-		if rc := dq.Spec.Rate; rc != nil && split.Weighted > 0 {
-			share := factor * float64(int32Or(o.Target.Weight, 1)) / float64(split.Weighted)
-			rps = float64(rc.RequestsPerSecond) * share
-			burst = max(1, int32(float64(int32Or(rc.Burst, 1))*share))
+		var rate apportion.RateShare
+		if rates != nil {
+			rate = rates.PerPod[i]
 		}
 		for _, p := range o.Pods {
 			d.Pods = append(d.Pods, push.DesiredPod{
@@ -294,8 +323,8 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 				Endpoint:      agentEndpoint(&p),
 				Permits:       int32(split.PerPod[i]),
 				SafeDefault:   int32(split.SafeDefault[i]),
-				RatePerSecond: rps,
-				RateBurst:     burst,
+				RatePerSecond: rate.PerSecond,
+				RateBurst:     int32(rate.Burst),
 				Terminating:   p.DeletionTimestamp != nil,
 				Since:         p.CreationTimestamp.Time,
 				Bootstrap:     agentBootstraps(&p),
@@ -304,13 +333,6 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	}
 	return d
 }
-
-// AgentPortAnnotation and AgentPortName say where a pod's agent listens for control calls: the
-// annotation's port number wins, else the container port with that name.
-const (
-	AgentPortAnnotation = "apportion.io/agent-port"
-	AgentPortName       = "apportion-ctl"
-)
 
 // podAgent is what a pod's spec says about its Apportion agent.
 type podAgent struct {
@@ -327,14 +349,14 @@ type podAgent struct {
 // annotation that is not a port number is ignored (the named port, if any, is used).
 func agentOf(p *corev1.Pod) podAgent {
 	var a podAgent
-	if v, ok := p.Annotations[AgentPortAnnotation]; ok {
+	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
 			a.Port = n
 		}
 	}
 	check := func(c *corev1.Container) {
 		for _, cp := range c.Ports {
-			if a.Port == 0 && cp.Name == AgentPortName && cp.ContainerPort > 0 {
+			if a.Port == 0 && cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0 {
 				a.Port = int(cp.ContainerPort)
 			}
 		}
@@ -396,13 +418,6 @@ func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apporti
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Switch.Name < out[j].Switch.Name })
 	return out, nil
-}
-
-func ptrOr(p *int32, def int32) int32 {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name
@@ -506,7 +521,7 @@ func (podChanged) Update(e event.UpdateEvent) bool {
 	a, b := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 	return !labels.Equals(a.Labels, b.Labels) || a.Status.PodIP != b.Status.PodIP ||
 		a.Status.Phase != b.Status.Phase || a.DeletionTimestamp.IsZero() != b.DeletionTimestamp.IsZero() ||
-		a.Annotations[AgentPortAnnotation] != b.Annotations[AgentPortAnnotation]
+		a.Annotations[apportionv1.AgentPortAnnotation] != b.Annotations[apportionv1.AgentPortAnnotation]
 }
 func (podChanged) Create(event.CreateEvent) bool   { return true }
 func (podChanged) Delete(event.DeleteEvent) bool   { return true }

@@ -7,7 +7,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/types"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // perPod extracts (replicas, permitsPerPod) of target i.
@@ -63,11 +63,11 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("gives 5 permits per pod at HPA 8 and 4 at HPA 10, and says so in an Event", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 8))).To(Succeed())
-		h := hpa(ns, "gateway", "gateway", 8, 16)
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(8).Obj())).To(Succeed())
+		h := builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(8, 16).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		setHPAStatus(ctx, h, 8, 8)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{8, 5})),
@@ -88,12 +88,12 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("counts existing pods beyond the HPA's count, terminating ones included", func() {
-		d := deployment(ns, "gateway", 8)
+		d := builders.MakeDeployment("gateway", ns).Replicas(8).Obj()
 		Expect(k8sClient.Create(ctx, d)).To(Succeed())
-		h := hpa(ns, "gateway", "gateway", 2, 16)
+		h := builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(2, 16).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		setHPAStatus(ctx, h, 8, 8)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(WithTransform(perPod(0), Equal([]int32{8, 5})))
 
 		pods := createPods(ctx, ns, "gateway", map[string]string{"app": "gateway"}, 10)
@@ -122,12 +122,9 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("splits by weight × replicas across two targets (3:1)", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "checkout", 2))).To(Succeed())
-		Expect(k8sClient.Create(ctx, deployment(ns, "reports", 2))).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50,
-			apportionv1.Target{Kind: "Deployment", Name: "checkout", Weight: 3},
-			apportionv1.Target{Kind: "Deployment", Name: "reports", Weight: 1},
-		))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("checkout", ns).Replicas(2).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("reports", ns).Replicas(2).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Targets(apportionv1.Target{Kind: "Deployment", Name: "checkout", Weight: 3}, apportionv1.Target{Kind: "Deployment", Name: "reports", Weight: 1}).Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{2, 15})),
 			WithTransform(perPod(1), Equal([]int32{2, 5})),
@@ -137,8 +134,8 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("uses the Deployment's replicas when no HPA scales it", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 3))).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(3).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{3, 13})),
 			HaveField("Status.Assigned", BeEquivalentTo(39)),
@@ -147,11 +144,11 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("follows the HPA's maxReplicas in the safe default", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 8))).To(Succeed())
-		h := hpa(ns, "gateway", "gateway", 8, 16)
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(8).Obj())).To(Succeed())
+		h := builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(8, 16).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		setHPAStatus(ctx, h, 8, 8)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(HaveField("Status.SafeDefaultPermits", BeEquivalentTo(2)))
 
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(h), h)).To(Succeed())
@@ -164,11 +161,11 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("never raises the safe default because an HPA was deleted; an HPA created again sets it anew, with an Event", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 8))).To(Succeed())
-		h := hpa(ns, "gateway", "gateway", 8, 16)
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(8).Obj())).To(Succeed())
+		h := builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(8, 16).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		setHPAStatus(ctx, h, 8, 8)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		safeDefault := func(permits, replicas int) types.GomegaMatcher {
 			return SatisfyAll(
 				HaveField("Status.SafeDefaultPermits", BeEquivalentTo(permits)),
@@ -189,7 +186,7 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		Consistently(getQuota(ctx, ns, "logistics"), "500ms").Should(safeDefault(2, 16))
 
 		// Created again with a lower maximum: it bounds the replicas again, 40 / 10.
-		h = hpa(ns, "gateway", "gateway", 8, 10)
+		h = builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(8, 10).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(safeDefault(4, 10))
 
@@ -199,7 +196,7 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 			HaveField("Status.Targets", ConsistOf(HaveField("HPA", BeNil()))),
 			safeDefault(4, 10),
 		))
-		h = hpa(ns, "gateway", "gateway", 8, 20)
+		h = builders.MakeHPA("gateway", ns).ScaleTarget("Deployment", "gateway").Replicas(8, 20).Obj()
 		Expect(k8sClient.Create(ctx, h)).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(safeDefault(2, 20))
 
@@ -211,26 +208,20 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("reports pods without an agent in a condition and an Event, and still counts them", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 3))).To(Succeed())
-		labels := map[string]string{"app": "gateway"}
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(3).Obj())).To(Succeed())
 		always := corev1.ContainerRestartPolicyAlways
-		mk := func(name string, spec corev1.PodSpec, ann map[string]string) {
-			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: ann}, Spec: spec}
-			Expect(k8sClient.Create(ctx, p)).To(Succeed())
-			p.Status.Phase = corev1.PodRunning
-			p.Status.PodIP = "10.0.0.1"
-			Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
+		pod := func(name string) *builders.PodWrapper {
+			return builders.MakePod(name, ns).Label("app", "gateway").Running("10.0.0.1")
 		}
-		app := corev1.Container{Name: "app", Image: "app"}
 		// An annotated pod, a pod whose agent is a native sidecar (as the injector puts it), and
 		// one without any agent.
-		mk("gateway-a", corev1.PodSpec{Containers: []corev1.Container{app}}, map[string]string{AgentPortAnnotation: "15000"})
-		mk("gateway-b", corev1.PodSpec{Containers: []corev1.Container{app}, InitContainers: []corev1.Container{{
+		createPod(ctx, pod("gateway-a").AgentPort(15000))
+		createPod(ctx, pod("gateway-b").InitContainer(corev1.Container{
 			Name: "apportion-agent", Image: "agent", RestartPolicy: &always,
-			Ports: []corev1.ContainerPort{{Name: AgentPortName, ContainerPort: 15000}},
-		}}}, nil)
-		mk("gateway-c", corev1.PodSpec{Containers: []corev1.Container{app}}, nil)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+			Ports: []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 15000}},
+		}))
+		createPod(ctx, pod("gateway-c"))
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{3, 13})), // gateway-c is counted
@@ -242,7 +233,7 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		// Annotated after all: the condition clears.
 		var c corev1.Pod
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gateway-c"}, &c)).To(Succeed())
-		c.Annotations = map[string]string{AgentPortAnnotation: "15000"}
+		c.Annotations = map[string]string{apportionv1.AgentPortAnnotation: "15000"}
 		Expect(k8sClient.Update(ctx, &c)).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(condition(apportionv1.ConditionPodsWithoutAgent), HavePrefix("False")),
@@ -251,13 +242,10 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("reports a deleted target workload and assigns it nothing", func() {
-		d := deployment(ns, "gateway", 4)
+		d := builders.MakeDeployment("gateway", ns).Replicas(4).Obj()
 		Expect(k8sClient.Create(ctx, d)).To(Succeed())
-		Expect(k8sClient.Create(ctx, deployment(ns, "batch", 4))).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50,
-			apportionv1.Target{Kind: "Deployment", Name: "gateway"},
-			apportionv1.Target{Kind: "Deployment", Name: "batch"},
-		))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("batch", ns).Replicas(4).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Targets(apportionv1.Target{Kind: "Deployment", Name: "gateway"}, apportionv1.Target{Kind: "Deployment", Name: "batch"}).Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(WithTransform(perPod(0), Equal([]int32{4, 5})))
 
 		Expect(k8sClient.Delete(ctx, d)).To(Succeed())
@@ -270,8 +258,8 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("assigns nothing above the quota when there are more pods than permits", func() {
-		Expect(k8sClient.Create(ctx, deployment(ns, "gateway", 12))).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "tiny", 10, apportionv1.Target{Kind: "Deployment", Name: "gateway"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(12).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("tiny", ns).Limit(10).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "tiny")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{12, 0})),
 			HaveField("Status.Assigned", BeEquivalentTo(0)),
@@ -281,17 +269,8 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 	})
 
 	It("follows a StatefulSet", func() {
-		labels := map[string]string{"app": "ledger"}
-		ss := &appsv1.StatefulSet{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger"},
-			Spec: appsv1.StatefulSetSpec{
-				Replicas: ptr.To[int32](5),
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: deployment(ns, "ledger", 1).Spec.Template,
-			},
-		}
-		Expect(k8sClient.Create(ctx, ss)).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "db", 100, apportionv1.Target{Kind: "StatefulSet", Name: "ledger"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeStatefulSet("ledger", ns).Replicas(5).Obj())).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("db", ns).Limit(100).Target(apportionv1.KindStatefulSet, "ledger").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "db")).Should(WithTransform(perPod(0), Equal([]int32{5, 16})))
 	})
 })
@@ -302,7 +281,7 @@ var _ = Describe("DownstreamQuota admission", func() {
 	BeforeEach(func() { ns = newNamespace(ctx) })
 
 	valid := func() *apportionv1.DownstreamQuota {
-		return quota(ns, "q", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway"})
+		return builders.MakeDownstreamQuota("q", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
 	}
 	dur := func(s string) *metav1.Duration {
 		d, err := timeParse(s)

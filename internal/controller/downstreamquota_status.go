@@ -2,11 +2,11 @@ package controller
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
@@ -43,6 +43,7 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		}
 	}
 
+	rates := rateSplitFor(dq, obs)
 	var missing, perPod, noAgent []string
 	for i, o := range obs {
 		ts := apportionv1.TargetStatus{
@@ -56,6 +57,12 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 			SafeDefaultPermits:  int32(split.SafeDefault[i]),
 			SafeDefaultReplicas: int32(o.maxReplicas()),
 			PodsSynced:          synced[o.Target.Name],
+		}
+		if rates != nil {
+			ts.RatePerPod = &apportionv1.RateShare{
+				RequestsPerSecond: formatRate(rates.PerPod[i].PerSecond),
+				Burst:             int32(rates.PerPod[i].Burst),
+			}
 		}
 		for j := range o.Pods {
 			if withoutAgent(&o.Pods[j]) {
@@ -74,36 +81,28 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		// The weight-1 safe default: Budget / Σ weight × safeDefaultReplicas.
 		var weightedMax int64
 		for _, o := range obs {
-			weightedMax += int64(int32Or(o.Target.Weight, 1)) * o.maxReplicas()
+			weightedMax += weightOf(o.Target) * o.maxReplicas()
 		}
 		if weightedMax > 0 {
 			st.SafeDefaultPermits = int32(split.Budget / weightedMax)
 		}
 	}
 
-	set := func(t string, ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: dq.Generation, LastTransitionTime: now,
-		})
-	}
+	set := func(t string, ok bool, reason, msg string) { st.SetCondition(t, ok, reason, msg, now) }
 
 	if len(missing) > 0 {
-		set(apportionv1.ConditionTargetsFound, false, "TargetMissing",
+		set(apportionv1.ConditionTargetsFound, false, apportionv1.ReasonTargetMissing,
 			fmt.Sprintf("%s not found; nothing is assigned to it", strings.Join(missing, ", ")))
 	} else {
-		set(apportionv1.ConditionTargetsFound, true, "AllFound", "every target workload exists")
+		set(apportionv1.ConditionTargetsFound, true, apportionv1.ReasonAllTargetsFound, "every target workload exists")
 	}
 
 	if split.Oversubscribed {
-		set(apportionv1.ConditionOversubscribed, true, "TooManyPods", fmt.Sprintf(
+		set(apportionv1.ConditionOversubscribed, true, apportionv1.ReasonTooManyPods, fmt.Sprintf(
 			"%d × %d%% = %d permits cannot give one permit to each of %d weighted pods; at most %d fit (Σ weight × replicas); pods with 0 permits answer with the fallback",
-			dq.Spec.MaxInFlight, int32Or(dq.Spec.SafetyFactorPercent, 80), split.Budget, split.Weighted, split.FitWeighted))
+			dq.Spec.MaxInFlight, safetyFactorPercent(dq), split.Budget, split.Weighted, split.FitWeighted))
 	} else {
-		set(apportionv1.ConditionOversubscribed, false, "WithinQuota", fmt.Sprintf(
+		set(apportionv1.ConditionOversubscribed, false, apportionv1.ReasonWithinQuota, fmt.Sprintf(
 			"%d of %d permits assigned to %d pods", split.Assigned, dq.Spec.MaxInFlight, st.Pods))
 	}
 
@@ -111,39 +110,39 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	noAgentMsg := ""
 	if len(noAgent) > 0 {
 		noAgentMsg = fmt.Sprintf("%d pods have no agent the manager can find (no %s annotation, no container port %s): %s; they are counted at their share, but nothing enforces it",
-			len(noAgent), AgentPortAnnotation, AgentPortName, capNames(noAgent, maxNamesInMessage))
-		set(apportionv1.ConditionPodsWithoutAgent, true, ReasonAgentNotFound, noAgentMsg)
+			len(noAgent), apportionv1.AgentPortAnnotation, apportionv1.AgentPortName, capNames(noAgent, maxNamesInMessage))
+		set(apportionv1.ConditionPodsWithoutAgent, true, apportionv1.ReasonAgentNotFound, noAgentMsg)
 	} else {
-		set(apportionv1.ConditionPodsWithoutAgent, false, "EveryPodHasAgent", "every pod with an IP has an agent")
+		set(apportionv1.ConditionPodsWithoutAgent, false, apportionv1.ReasonEveryPodHasAgent, "every pod with an IP has an agent")
 	}
 
-	ready, reason, msg := true, "Apportioned", fmt.Sprintf("%d pods, %s permits per pod", st.Pods, st.PerPod)
+	ready, reason, msg := true, apportionv1.ReasonApportioned, fmt.Sprintf("%d pods, %s permits per pod", st.Pods, st.PerPod)
 	if report != nil {
 		switch {
 		case len(report.Unreachable) > 0:
-			set(apportionv1.ConditionPodsReachable, false, ReasonAgentsUnreachable,
+			set(apportionv1.ConditionPodsReachable, false, apportionv1.ReasonAgentsUnreachable,
 				fmt.Sprintf("agents not reachable: %s; their permits stay counted until their lease passes", strings.Join(report.Unreachable, ", ")))
 		case len(noAgent) > 0:
-			set(apportionv1.ConditionPodsReachable, false, ReasonAgentNotFound,
+			set(apportionv1.ConditionPodsReachable, false, apportionv1.ReasonAgentNotFound,
 				fmt.Sprintf("%d pods have no agent to reach: %s", len(noAgent), capNames(noAgent, maxNamesInMessage)))
 		default:
-			set(apportionv1.ConditionPodsReachable, true, "AllReachable", "every pod's agent answered")
+			set(apportionv1.ConditionPodsReachable, true, apportionv1.ReasonAllReachable, "every pod's agent answered")
 		}
 		switch {
 		case report.Recovering:
 			ready, reason, msg = false, apportionv1.ReasonRecovering, "the manager is waiting out the leases of a previous manager before raising any pod"
 		case !report.Converged:
-			ready, reason, msg = false, "Pushing", "some pods have not acknowledged their permits yet"
+			ready, reason, msg = false, apportionv1.ReasonPushing, "some pods have not acknowledged their permits yet"
 		}
 	}
 	if len(noAgent) > 0 {
-		ready, reason, msg = false, apportionv1.ConditionPodsWithoutAgent, noAgentMsg
+		ready, reason, msg = false, apportionv1.ReasonPodsWithoutAgent, noAgentMsg
 	}
 	switch {
 	case len(missing) == len(obs):
-		ready, reason, msg = false, "TargetMissing", "no target workload exists"
+		ready, reason, msg = false, apportionv1.ReasonTargetMissing, "no target workload exists"
 	case split.Oversubscribed:
-		ready, reason, msg = false, "Oversubscribed", "the quota is smaller than the pods that share it"
+		ready, reason, msg = false, apportionv1.ReasonOversubscribed, "the quota is smaller than the pods that share it"
 	}
 	set(apportionv1.ConditionReady, ready, reason, msg)
 	return st
@@ -169,15 +168,6 @@ func rebalanceMessage(before, after []apportionv1.TargetStatus) string {
 	}
 	return strings.Join(parts, "; ")
 }
-
-// Reasons of conditions and Events this controller sets (besides the API's).
-const (
-	ReasonAgentsUnreachable = "AgentsUnreachable"
-	// ReasonAgentNotFound: pods with an IP but no agent the manager can find.
-	ReasonAgentNotFound = "AgentNotFound"
-	// ReasonSafeDefaultChanged: the Event when a target's safe default changes.
-	ReasonSafeDefaultChanged = "SafeDefaultChanged"
-)
 
 // maxNamesInMessage caps the pod names a condition message lists (the count is always given).
 const maxNamesInMessage = 10
@@ -219,4 +209,10 @@ func safeDefaultMessage(before, after []apportionv1.TargetStatus) string {
 			t.Name, p.SafeDefaultPermits, t.SafeDefaultPermits, p.SafeDefaultReplicas, t.SafeDefaultReplicas))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// formatRate shows a per-pod rate in status: a decimal rounded down to thousandths, so that
+// the figure shown never exceeds the share the agent enforces.
+func formatRate(perSecond float64) string {
+	return strconv.FormatFloat(math.Floor(perSecond*1000)/1000, 'f', -1, 64)
 }

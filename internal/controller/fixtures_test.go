@@ -6,48 +6,20 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // newNamespace creates a namespace of its own for one test.
 func newNamespace(ctx context.Context) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8)}}
+	ns := builders.MakeNamespace("t-" + rand.String(8)).Obj()
 	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
 	return ns.Name
-}
-
-func deployment(ns, name string, replicas int32) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
-			},
-		},
-	}
-}
-
-func hpa(ns, name, deploymentName string, minR, maxR int32) *autoscalingv2.HorizontalPodAutoscaler {
-	return &autoscalingv2.HorizontalPodAutoscaler{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
-			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: deploymentName},
-			MinReplicas:    ptr.To(minR),
-			MaxReplicas:    maxR,
-		},
-	}
 }
 
 // setHPAStatus plays the HPA controller.
@@ -65,27 +37,18 @@ func setHPAStatus(ctx context.Context, h *autoscalingv2.HorizontalPodAutoscaler,
 func createPods(ctx context.Context, ns, prefix string, labels map[string]string, n int) []*corev1.Pod {
 	var out []*corev1.Pod
 	for i := range n {
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", prefix, i), Labels: labels},
-			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
-		}
-		Expect(k8sClient.Create(ctx, p)).To(Succeed())
-		p.Status.Phase = corev1.PodRunning
-		Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
-		out = append(out, p)
+		out = append(out, createPod(ctx, builders.MakePod(fmt.Sprintf("%s-%d", prefix, i), ns).Labels(labels).Running("")))
 	}
 	return out
 }
 
-func quota(ns, name string, limit int32, targets ...apportionv1.Target) *apportionv1.DownstreamQuota {
-	return &apportionv1.DownstreamQuota{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: apportionv1.DownstreamQuotaSpec{
-			MaxInFlight: limit,
-			Targets:     targets,
-			Upstream:    "https://api.logistics.example.com/v2",
-		},
-	}
+// createPod plays the kubelet for one pod: it creates the pod, then writes the wrapper's status.
+func createPod(ctx context.Context, w *builders.PodWrapper) *corev1.Pod {
+	p, status := w.Obj(), w.Obj().Status
+	Expect(k8sClient.Create(ctx, p)).To(Succeed())
+	p.Status = status
+	Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
+	return p
 }
 
 // getQuota reads a quota's current state for Eventually.

@@ -11,6 +11,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 var _ = Describe("DownstreamQuota recovery, queue and deadline settings", func() {
@@ -22,10 +23,9 @@ var _ = Describe("DownstreamQuota recovery, queue and deadline settings", func()
 		ctx = context.Background()
 		ns = newNamespace(ctx)
 	})
-	target := apportionv1.Target{Kind: "Deployment", Name: "gateway"}
 
 	It("defaults the Linear ramp, and the agent gets it with the other settings validated by assignment", func() {
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, target))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		dq, err := getQuota(ctx, ns, "logistics")()
 		Expect(err).NotTo(HaveOccurred())
 		r := dq.Spec.Agent.Recovery
@@ -45,7 +45,7 @@ var _ = Describe("DownstreamQuota recovery, queue and deadline settings", func()
 	})
 
 	It("carries every setting, adaptive on and the ramp off", func() {
-		q := quota(ns, "logistics", 50, target)
+		q := builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
 		q.Spec.Agent.Recovery = &apportionv1.Recovery{
 			Window:   &metav1.Duration{Duration: 500 * time.Millisecond},
 			Ramp:     &apportionv1.RecoveryRamp{Shape: apportionv1.RampOff},
@@ -68,7 +68,7 @@ var _ = Describe("DownstreamQuota recovery, queue and deadline settings", func()
 
 	It("refuses what cannot be meant, naming each field", func() {
 		// The schema's checks (the API server runs CEL rules only on an object that passed them).
-		q := quota(ns, "logistics", 50, target)
+		q := builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
 		q.Spec.Agent.Recovery = &apportionv1.Recovery{
 			Ramp:     &apportionv1.RecoveryRamp{Shape: "Cubic", InitialPercent: 101, HealthyWindows: 101},
 			Adaptive: &apportionv1.AdaptiveConcurrency{TolerancePercent: 100, BaselineWindows: 1},
@@ -89,7 +89,7 @@ var _ = Describe("DownstreamQuota recovery, queue and deadline settings", func()
 			Expect(err.Error()).To(ContainSubstring(want))
 		}
 		// The CEL rules.
-		q = quota(ns, "logistics", 50, target)
+		q = builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
 		q.Spec.Agent.Recovery = &apportionv1.Recovery{
 			Window: &metav1.Duration{Duration: 10 * time.Millisecond},
 			Ramp:   &apportionv1.RecoveryRamp{LatencyTarget: &metav1.Duration{}},

@@ -27,11 +27,6 @@ import (
 // Trust distribution: the ConfigMap of the manager's public keys in every namespace where an
 // agent may run.
 const (
-	// InjectionLabel on a namespace asks for agents there (the sidecar injection webhook's
-	// selector); the trust ConfigMap is kept in every namespace that has it set to
-	// InjectionEnabled, so it exists before the first agent there starts.
-	InjectionLabel   = "apportion.io/injection"
-	InjectionEnabled = "enabled"
 	// TrustLabel marks the trust ConfigMaps; the manager caches only ConfigMaps with it.
 	TrustLabel = "apportion.io/trust"
 
@@ -144,7 +139,7 @@ func foreignTrust(namespace, name string) error {
 }
 
 func (r *TrustReconciler) wanted(ctx context.Context, ns *corev1.Namespace) (bool, error) {
-	if ns.Labels[InjectionLabel] == InjectionEnabled {
+	if ns.Labels[apportionv1.InjectionLabel] == apportionv1.InjectionEnabled {
 		return true, nil
 	}
 	var dqs apportionv1.DownstreamQuotaList

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 const testTrustName = "apportion-trust"
@@ -59,7 +60,7 @@ var _ = Describe("Trust ConfigMap", Ordered, func() {
 	ctx := context.Background()
 
 	It("is kept in a namespace labelled for injection before any quota exists, and follows key changes", func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{InjectionLabel: InjectionEnabled}}}
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "t-" + rand.String(8), Labels: map[string]string{apportionv1.InjectionLabel: apportionv1.InjectionEnabled}}}
 		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
 		Eventually(getTrust(ctx, ns.Name)).Should(Equal(map[string]string{"k1.pem": "public key 1"}))
 		var cm corev1.ConfigMap
@@ -84,7 +85,7 @@ var _ = Describe("Trust ConfigMap", Ordered, func() {
 	It("is created in a namespace when its first DownstreamQuota appears, and nowhere else", func() {
 		quiet := newNamespace(ctx)
 		ns := newNamespace(ctx)
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway", Weight: 1}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Targets(apportionv1.Target{Kind: "Deployment", Name: "gateway", Weight: 1}).Obj())).To(Succeed())
 		Eventually(getTrust(ctx, ns)).Should(HaveKey("k2.pem"))
 		Consistently(func() error { _, err := getTrust(ctx, quiet)(); return err }, "1s").ShouldNot(Succeed())
 	})
@@ -93,7 +94,7 @@ var _ = Describe("Trust ConfigMap", Ordered, func() {
 		ns := newNamespace(ctx)
 		foreign := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: testTrustName}, Data: map[string]string{"mine": "x"}}
 		Expect(k8sClient.Create(ctx, foreign)).To(Succeed())
-		Expect(k8sClient.Create(ctx, quota(ns, "logistics", 50, apportionv1.Target{Kind: "Deployment", Name: "gateway", Weight: 1}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Targets(apportionv1.Target{Kind: "Deployment", Name: "gateway", Weight: 1}).Obj())).To(Succeed())
 		Consistently(getTrust(ctx, ns), "1s").Should(Equal(map[string]string{"mine": "x"}))
 	})
 })

@@ -7,27 +7,24 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
+	"github.com/apportion/apportion/internal/testing/testenv"
 )
 
 // BenchmarkAdmission measures one pod admission through the injector's HTTP handler — decoding
@@ -36,36 +33,23 @@ import (
 // patch and encoding the answer — and prints p50 and p99. The API server's own round trip to the
 // webhook (TLS, its admission chain) is not included.
 func BenchmarkAdmission(b *testing.B) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		b.Skip("KUBEBUILDER_ASSETS is not set (hack/envtest-assets.sh)")
-	}
+	testenv.SkipWithoutAssets(b)
 	logf.SetLogger(logr.Discard())
-	sch := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(sch); err != nil {
-		b.Fatal(err)
-	}
-	if err := apportionv1.AddToScheme(sch); err != nil {
-		b.Fatal(err)
-	}
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	rc, err := env.Start()
+	env, err := testenv.Start(testenv.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer func() { _ = env.Stop() }()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	direct, err := client.New(rc, client.Options{Scheme: sch})
-	if err != nil {
-		b.Fatal(err)
-	}
+	rc, sch, direct := env.Config, env.Scheme, env.Client
 	ns := "bench"
 	must := func(err error) {
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
-	must(direct.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	must(direct.Create(ctx, builders.MakeNamespace(ns).Obj()))
 	d := deployment(ns, "gateway")
 	must(direct.Create(ctx, d))
 	for i := range 6 {

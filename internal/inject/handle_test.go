@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 )
 
 // The answers Handle gives before it reads anything (Reader is nil: a read would panic).
@@ -36,10 +38,10 @@ func TestHandleWithoutReading(t *testing.T) {
 		code    int32
 	}{
 		"not a pod":             {req("shop", metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, map[string]any{}), true, 200},
-		"outside --namespace":   {req("other", podKind, MakePod("p").Obj()), true, 200},
-		"opted out":             {req("shop", podKind, MakePod("p").Annotation(InjectAnnotation, "false").Obj()), true, 200},
-		"already has the agent": {req("shop", podKind, MakePod("p").Container(corev1Agent()).Obj()), true, 200},
-		"bad opt-out value":     {req("shop", podKind, MakePod("p").Annotation(InjectAnnotation, "off").Obj()), false, 403},
+		"outside --namespace":   {req("other", podKind, makePod("p").Obj()), true, 200},
+		"opted out":             {req("shop", podKind, makePod("p").Annotation(apportionv1.InjectAnnotation, "false").Obj()), true, 200},
+		"already has the agent": {req("shop", podKind, makePod("p").Container(corev1Agent()).Obj()), true, 200},
+		"bad opt-out value":     {req("shop", podKind, makePod("p").Annotation(apportionv1.InjectAnnotation, "off").Obj()), false, 403},
 		"not a pod's JSON":      {admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Kind: podKind, Namespace: "shop", Object: runtime.RawExtension{Raw: []byte("{")}}}, false, 400},
 	} {
 		t.Run(name, func(t *testing.T) {

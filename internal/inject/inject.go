@@ -38,22 +38,18 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 )
 
 // Labels, annotations and names the injector reads or writes.
 const (
-	// NamespaceLabel opts a namespace in (value NamespaceLabelValue).
-	NamespaceLabel      = "apportion.io/injection"
-	NamespaceLabelValue = "enabled"
-	// InjectAnnotation set to "false" on a pod opts it out; "true" is the same as absent.
-	InjectAnnotation = "apportion.io/inject"
-	// AgentPortAnnotation is where the manager looks for a pod's agent control port first.
-	AgentPortAnnotation = "apportion.io/agent-port"
+	// The namespace label, the opt-out annotation, the agent-port annotation and the control
+	// port's name are part of the API: apportionv1.InjectionLabel, apportionv1.InjectAnnotation,
+	// apportionv1.AgentPortAnnotation and apportionv1.AgentPortName.
 
 	// AgentContainerName is the agent's container name, injected or hand-written.
 	AgentContainerName = "apportion-agent"
-	// ControlPortName names the control port; the manager finds it by this name too.
-	ControlPortName = "apportion-ctl"
 	// DataPortName names the data port.
 	DataPortName = "apportion-data"
 	// ControlPort and DataPort are the agent's ports: control on the pod IP (manager, kubelet
@@ -103,7 +99,7 @@ func (c Config) Validate() error {
 // OptedOut reports whether the pod's annotations opt it out, or an error for a value that is
 // neither "true" nor "false" (a typo must not silently decide).
 func OptedOut(annotations map[string]string) (bool, error) {
-	v, ok := annotations[InjectAnnotation]
+	v, ok := annotations[apportionv1.InjectAnnotation]
 	if !ok {
 		return false, nil
 	}
@@ -113,7 +109,7 @@ func OptedOut(annotations map[string]string) (bool, error) {
 	case "true":
 		return false, nil
 	}
-	return false, fmt.Errorf("annotation %s must be \"true\" or \"false\", got %q", InjectAnnotation, v)
+	return false, fmt.Errorf("annotation %s must be \"true\" or \"false\", got %q", apportionv1.InjectAnnotation, v)
 }
 
 // HasAgent reports whether the pod already runs an agent: a container or init container named
@@ -165,8 +161,8 @@ func Mutate(pod *corev1.Pod, quotas []string, cfg Config) (bool, error) {
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	if _, ok := pod.Annotations[AgentPortAnnotation]; !ok {
-		pod.Annotations[AgentPortAnnotation] = strconv.Itoa(ControlPort)
+	if _, ok := pod.Annotations[apportionv1.AgentPortAnnotation]; !ok {
+		pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(ControlPort)
 	}
 	return true, nil
 }
@@ -186,7 +182,7 @@ func addEnv(c *corev1.Container, quotas []string) {
 func agentContainer(cfg Config, res corev1.ResourceRequirements, mount corev1.VolumeMount, flags []string, env []corev1.EnvVar) corev1.Container {
 	probe := func(path string, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(ControlPortName)}},
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(apportionv1.AgentPortName)}},
 			PeriodSeconds:    period,
 			FailureThreshold: failures,
 			TimeoutSeconds:   1,
@@ -202,7 +198,7 @@ func agentContainer(cfg Config, res corev1.ResourceRequirements, mount corev1.Vo
 		}, flags...),
 		Env: env,
 		Ports: []corev1.ContainerPort{
-			{Name: ControlPortName, ContainerPort: ControlPort, Protocol: corev1.ProtocolTCP},
+			{Name: apportionv1.AgentPortName, ContainerPort: ControlPort, Protocol: corev1.ProtocolTCP},
 			{Name: DataPortName, ContainerPort: DataPort, Protocol: corev1.ProtocolTCP},
 		},
 		// Native sidecar: started before the app, stopped after it, restarted when it exits.

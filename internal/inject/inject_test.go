@@ -7,7 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 func testConfig() Config {
@@ -20,45 +22,10 @@ func testConfig() Config {
 	}
 }
 
-// PodBuilder builds test pods: MakePod(...).Obj().
-type PodBuilder struct{ p corev1.Pod }
-
-func MakePod(name string) *PodBuilder {
-	return &PodBuilder{p: corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Labels: map[string]string{"app": "gateway"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app:1"}}},
-	}}
+// makePod is the pod the tests mutate: gateway's, in namespace shop.
+func makePod(name string) *builders.PodWrapper {
+	return builders.MakePod(name, "shop").Label("app", "gateway")
 }
-
-func (b *PodBuilder) Annotation(k, v string) *PodBuilder {
-	if b.p.Annotations == nil {
-		b.p.Annotations = map[string]string{}
-	}
-	b.p.Annotations[k] = v
-	return b
-}
-
-func (b *PodBuilder) Container(c corev1.Container) *PodBuilder {
-	b.p.Spec.Containers = append(b.p.Spec.Containers, c)
-	return b
-}
-
-func (b *PodBuilder) InitContainer(c corev1.Container) *PodBuilder {
-	b.p.Spec.InitContainers = append(b.p.Spec.InitContainers, c)
-	return b
-}
-
-func (b *PodBuilder) Env(container int, name, value string) *PodBuilder {
-	b.p.Spec.Containers[container].Env = append(b.p.Spec.Containers[container].Env, corev1.EnvVar{Name: name, Value: value})
-	return b
-}
-
-func (b *PodBuilder) Volume(v corev1.Volume) *PodBuilder {
-	b.p.Spec.Volumes = append(b.p.Spec.Volumes, v)
-	return b
-}
-
-func (b *PodBuilder) Obj() *corev1.Pod { return b.p.DeepCopy() }
 
 func mustMutate(t *testing.T, p *corev1.Pod, quotas ...string) {
 	t.Helper()
@@ -69,7 +36,7 @@ func mustMutate(t *testing.T, p *corev1.Pod, quotas ...string) {
 }
 
 func TestMutateInjectsANativeSidecar(t *testing.T) {
-	p := MakePod("gateway-1").InitContainer(corev1.Container{Name: "migrate", Image: "migrate:1"}).Obj()
+	p := makePod("gateway-1").InitContainer(corev1.Container{Name: "migrate", Image: "migrate:1"}).Obj()
 	mustMutate(t, p, "logistics")
 
 	if len(p.Spec.InitContainers) != 2 || p.Spec.InitContainers[1].Name != "migrate" {
@@ -129,8 +96,8 @@ func TestMutateInjectsANativeSidecar(t *testing.T) {
 			t.Errorf("agent identity %s is not from the downward API: %+v", e.Name, e)
 		}
 	}
-	if got := p.Annotations[AgentPortAnnotation]; got != "15000" {
-		t.Errorf("annotation %s = %q; want 15000", AgentPortAnnotation, got)
+	if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "15000" {
+		t.Errorf("annotation %s = %q; want 15000", apportionv1.AgentPortAnnotation, got)
 	}
 	wantEnv := []corev1.EnvVar{{Name: "APPORTION_LOGISTICS_URL", Value: "http://127.0.0.1:15001/logistics"}}
 	if diff := cmp.Diff(wantEnv, p.Spec.Containers[0].Env); diff != "" {
@@ -150,7 +117,7 @@ func names(cs []corev1.Container) []string {
 }
 
 func TestMutateTwoQuotasOneAgent(t *testing.T) {
-	p := MakePod("gateway-1").Container(corev1.Container{Name: "worker", Image: "w:1"}).Obj()
+	p := makePod("gateway-1").Container(corev1.Container{Name: "worker", Image: "w:1"}).Obj()
 	mustMutate(t, p, "recommend", "logistics-eu.v2", "recommend")
 	if n := len(p.Spec.InitContainers); n != 1 {
 		t.Fatalf("%d init containers; want one agent for both quotas", n)
@@ -167,9 +134,9 @@ func TestMutateTwoQuotasOneAgent(t *testing.T) {
 }
 
 func TestMutateKeepsWhatThePodSets(t *testing.T) {
-	p := MakePod("gateway-1").
+	p := makePod("gateway-1").
 		Env(0, "APPORTION_LOGISTICS_URL", "http://mine/logistics").
-		Annotation(AgentPortAnnotation, "16000").Obj()
+		Annotation(apportionv1.AgentPortAnnotation, "16000").Obj()
 	mustMutate(t, p, "logistics", "recommend")
 	want := []corev1.EnvVar{
 		{Name: "APPORTION_LOGISTICS_URL", Value: "http://mine/logistics"},
@@ -178,18 +145,18 @@ func TestMutateKeepsWhatThePodSets(t *testing.T) {
 	if diff := cmp.Diff(want, p.Spec.Containers[0].Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
 	}
-	if got := p.Annotations[AgentPortAnnotation]; got != "16000" {
-		t.Errorf("the pod's own %s was overwritten: %q", AgentPortAnnotation, got)
+	if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "16000" {
+		t.Errorf("the pod's own %s was overwritten: %q", apportionv1.AgentPortAnnotation, got)
 	}
 }
 
 func TestMutateLeavesAlone(t *testing.T) {
-	injected := MakePod("again").Obj()
+	injected := makePod("again").Obj()
 	mustMutate(t, injected, "logistics")
 	for name, p := range map[string]*corev1.Pod{
-		"no quota":           MakePod("p").Obj(),
-		"opted out":          MakePod("p").Annotation(InjectAnnotation, "false").Obj(),
-		"hand-written agent": MakePod("p").Container(corev1.Container{Name: AgentContainerName, Image: "agent"}).Obj(),
+		"no quota":           makePod("p").Obj(),
+		"opted out":          makePod("p").Annotation(apportionv1.InjectAnnotation, "false").Obj(),
+		"hand-written agent": makePod("p").Container(corev1.Container{Name: AgentContainerName, Image: "agent"}).Obj(),
 		"already injected":   injected,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -210,7 +177,7 @@ func TestMutateLeavesAlone(t *testing.T) {
 }
 
 func TestMutateResourceAnnotations(t *testing.T) {
-	p := MakePod("p").
+	p := makePod("p").
 		Annotation(CPURequestAnnotation, "200m").
 		Annotation(CPULimitAnnotation, "1").
 		Annotation(MemoryLimitAnnotation, "0").Obj()
@@ -229,11 +196,11 @@ func TestMutateRefuses(t *testing.T) {
 		pod  *corev1.Pod
 		want string
 	}{
-		"bad quantity":        {MakePod("p").Annotation(MemoryRequestAnnotation, "lots").Obj(), MemoryRequestAnnotation},
-		"negative quantity":   {MakePod("p").Annotation(CPURequestAnnotation, "-1").Obj(), CPURequestAnnotation},
-		"request above limit": {MakePod("p").Annotation(MemoryRequestAnnotation, "1Gi").Obj(), "above its limit"},
-		"inject typo":         {MakePod("p").Annotation(InjectAnnotation, "no").Obj(), InjectAnnotation},
-		"volume name taken": {MakePod("p").Volume(corev1.Volume{Name: TrustVolumeName,
+		"bad quantity":        {makePod("p").Annotation(MemoryRequestAnnotation, "lots").Obj(), MemoryRequestAnnotation},
+		"negative quantity":   {makePod("p").Annotation(CPURequestAnnotation, "-1").Obj(), CPURequestAnnotation},
+		"request above limit": {makePod("p").Annotation(MemoryRequestAnnotation, "1Gi").Obj(), "above its limit"},
+		"inject typo":         {makePod("p").Annotation(apportionv1.InjectAnnotation, "no").Obj(), apportionv1.InjectAnnotation},
+		"volume name taken": {makePod("p").Volume(corev1.Volume{Name: TrustVolumeName,
 			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}).Obj(), TrustVolumeName},
 	} {
 		t.Run(name, func(t *testing.T) {

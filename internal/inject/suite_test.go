@@ -3,8 +3,6 @@ package inject
 import (
 	"context"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -12,18 +10,16 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/testenv"
 )
 
 // The suite serves the injector from a controller-runtime webhook server behind a real
@@ -34,40 +30,26 @@ import (
 var (
 	cfg       *rest.Config
 	k8sClient client.Client
-	testEnv   *envtest.Environment
-	scheme    = runtime.NewScheme()
+	testEnv   *testenv.Env
+	scheme    *runtime.Scheme
 	cancel    context.CancelFunc
 )
 
 func TestWebhook(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd (hack/envtest-assets.sh)")
-	}
+	testenv.SkipWithoutAssets(t)
 	RegisterFailHandler(Fail)
 	RunSpecs(t, "Injection webhook suite")
 }
 
 var _ = BeforeSuite(func() {
 	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
-	Expect(apportionv1.AddToScheme(scheme)).To(Succeed())
-
-	testEnv = &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			Paths: []string{filepath.Join("..", "..", "config", "webhook", "manifests.yaml")},
-		},
-	}
 	var err error
-	cfg, err = testEnv.Start()
+	testEnv, err = testenv.Start(testenv.Options{Webhooks: true})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(testEnv.WebhookInstallOptions.MutatingWebhooks).To(HaveLen(1), "config/webhook/manifests.yaml holds one MutatingWebhookConfiguration")
+	cfg, k8sClient, scheme = testEnv.Config, testEnv.Client, testEnv.Scheme
+	Expect(testEnv.Environment.WebhookInstallOptions.MutatingWebhooks).To(HaveLen(1), "config/webhook/manifests.yaml holds one MutatingWebhookConfiguration")
 
-	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
-
-	wo := &testEnv.WebhookInstallOptions
+	wo := &testEnv.Environment.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -105,7 +87,5 @@ var _ = AfterSuite(func() {
 	if cancel != nil {
 		cancel()
 	}
-	if testEnv != nil {
-		Expect(testEnv.Stop()).To(Succeed())
-	}
+	Expect(testEnv.Stop()).To(Succeed())
 })

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/targets"
 )
 
@@ -70,7 +71,7 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 		return admission.Denied(err.Error())
 	}
 	if out {
-		return admission.Allowed("opted out by " + InjectAnnotation)
+		return admission.Allowed("opted out by " + apportionv1.InjectAnnotation)
 	}
 	// A pod's namespace is in the request (an unnamed pod of a generateName has none of its own yet).
 	ns := req.Namespace

@@ -19,41 +19,28 @@ import (
 	"sigs.k8s.io/yaml"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 func newNamespace(ctx context.Context, labelled bool) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inj-" + rand.String(8)}}
+	ns := builders.MakeNamespace("inj-" + rand.String(8))
 	if labelled {
-		ns.Labels = map[string]string{NamespaceLabel: NamespaceLabelValue}
+		ns.InjectionEnabled()
 	}
-	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	Expect(k8sClient.Create(ctx, ns.Obj())).To(Succeed())
 	return ns.Name
 }
 
 func deployment(ns, name string) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(int32(2)),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app:1"}}},
-			},
-		},
-	}
+	return builders.MakeDeployment(name, ns).Replicas(2).Obj()
 }
 
 func quota(ns, name string, targets ...string) *apportionv1.DownstreamQuota {
-	dq := &apportionv1.DownstreamQuota{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       apportionv1.DownstreamQuotaSpec{MaxInFlight: 50, Upstream: "https://api.example.com/v2"},
-	}
+	dq := builders.MakeDownstreamQuota(name, ns).Limit(50).Upstream("https://api.example.com/v2")
 	for _, t := range targets {
-		dq.Spec.Targets = append(dq.Spec.Targets, apportionv1.Target{Kind: apportionv1.KindDeployment, Name: t})
+		dq.Target(apportionv1.KindDeployment, t)
 	}
-	return dq
+	return dq.Obj()
 }
 
 // create creates objects. It does not wait for the injector's cache: a pod created right after
@@ -119,7 +106,7 @@ var _ = Describe("Agent injection", func() {
 		Expect(a.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
 		Expect(p.Spec.InitContainers[0].Name).To(Equal(AgentContainerName))
 		Expect(envOf(p.Spec.Containers[0])).To(HaveKeyWithValue("APPORTION_LOGISTICS_URL", "http://127.0.0.1:15001/logistics"))
-		Expect(p.Annotations).To(HaveKeyWithValue(AgentPortAnnotation, "15000"))
+		Expect(p.Annotations).To(HaveKeyWithValue(apportionv1.AgentPortAnnotation, "15000"))
 		vol, _, _, _ := TrustMaterial()
 		Expect(p.Spec.Volumes).To(ContainElement(HaveField("Name", vol.Name)))
 
@@ -144,7 +131,7 @@ var _ = Describe("Agent injection", func() {
 		create(ctx, d, other, quota(ns, "logistics", "gateway"))
 
 		out := replicaSetPod(d)
-		out.Annotations = map[string]string{InjectAnnotation: "false"}
+		out.Annotations = map[string]string{apportionv1.InjectAnnotation: "false"}
 		Expect(k8sClient.Create(ctx, out)).To(Succeed())
 		Expect(out.Spec.InitContainers).To(BeEmpty(), "opted out")
 		Expect(out.Spec.Containers[0].Env).To(BeEmpty())
@@ -152,7 +139,7 @@ var _ = Describe("Agent injection", func() {
 		none := replicaSetPod(other)
 		Expect(k8sClient.Create(ctx, none)).To(Succeed())
 		Expect(none.Spec.InitContainers).To(BeEmpty(), "a pod of no target")
-		Expect(none.Annotations).NotTo(HaveKey(AgentPortAnnotation))
+		Expect(none.Annotations).NotTo(HaveKey(apportionv1.AgentPortAnnotation))
 	})
 
 	It("is a no-op on a second admission and on a hand-written sidecar", func() {
@@ -172,7 +159,7 @@ var _ = Describe("Agent injection", func() {
 
 		hand := replicaSetPod(d)
 		hand.Spec.Containers = append(hand.Spec.Containers, corev1.Container{Name: AgentContainerName, Image: "agent:hand",
-			Ports: []corev1.ContainerPort{{Name: ControlPortName, ContainerPort: ControlPort}}})
+			Ports: []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: ControlPort}}})
 		Expect(k8sClient.Create(ctx, hand)).To(Succeed())
 		Expect(hand.Spec.InitContainers).To(BeEmpty(), "a hand-written sidecar is kept as it is")
 		Expect(hand.Spec.Containers).To(HaveLen(2))
@@ -200,18 +187,12 @@ var _ = Describe("Agent injection", func() {
 
 	It("injects a pod of a StatefulSet target, matched by the StatefulSet's selector", func() {
 		ns := newNamespace(ctx, true)
-		d := deployment(ns, "ledger")
-		sts := &appsv1.StatefulSet{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger"},
-			Spec:       appsv1.StatefulSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template, ServiceName: "ledger"},
-		}
+		sts := builders.MakeStatefulSet("ledger", ns).Obj()
+		sts.Spec.ServiceName = "ledger"
 		dq := quota(ns, "payments")
 		dq.Spec.Targets = []apportionv1.Target{{Kind: apportionv1.KindStatefulSet, Name: "ledger"}}
 		create(ctx, sts, dq)
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ledger-0", Labels: map[string]string{"app": "ledger"}},
-			Spec:       *sts.Spec.Template.Spec.DeepCopy(),
-		}
+		p := builders.MakePod("ledger-0", ns).Label("app", "ledger").Obj()
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
 		Expect(agentOf(p)).NotTo(BeNil())
 		Expect(envOf(p.Spec.Containers[0])).To(HaveKeyWithValue("APPORTION_PAYMENTS_URL", "http://127.0.0.1:15001/payments"))
@@ -252,7 +233,7 @@ var _ = Describe("Agent injection", func() {
 		Expect(w.ClientConfig.Service.Path).To(HaveValue(Equal(Path)))
 		Expect(w.FailurePolicy).To(HaveValue(Equal(admissionregistrationv1.Fail)))
 		Expect(w.SideEffects).To(HaveValue(Equal(admissionregistrationv1.SideEffectClassNone)))
-		Expect(w.NamespaceSelector).To(Equal(&metav1.LabelSelector{MatchLabels: map[string]string{NamespaceLabel: NamespaceLabelValue}}))
+		Expect(w.NamespaceSelector).To(Equal(&metav1.LabelSelector{MatchLabels: map[string]string{apportionv1.InjectionLabel: apportionv1.InjectionEnabled}}))
 		Expect(w.Rules).To(Equal([]admissionregistrationv1.RuleWithOperations{{
 			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},

@@ -53,7 +53,8 @@ func (c *core) rebuild(p *podState) {
 			if r := e.quota.desired.Downstream.Rate; r != nil && r.Mode != "" {
 				mode = r.Mode
 			}
-			d.Rate = &assignment.Rate{PerSecond: e.desired.RatePerSecond, Burst: max(e.desired.RateBurst, 1), Mode: mode}
+			// Burst 0 is the pod's share when the pods outnumber the burst: the agent paces it.
+			d.Rate = &assignment.Rate{PerSecond: e.desired.RatePerSecond, Burst: max(e.desired.RateBurst, 0), Mode: mode}
 		}
 		e.maxRequestTimeout = max(e.maxRequestTimeout, d.RequestTimeout.D())
 		a.Downstreams = append(a.Downstreams, d)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // modelAgent is what an agent does, without HTTP: fencing by (epoch, generation), a lease from
@@ -364,12 +365,10 @@ func pod(i int, permits, sd int32) DesiredPod {
 	return DesiredPod{Name: name, UID: types.UID("uid-" + name), Target: "web", Endpoint: "http://" + name, Permits: permits, SafeDefault: sd}
 }
 
+// template is the quota's per-pod enforcement, as the controller builds it: the shared test
+// builder's downstream with the harness's request timeout. (DesiredQuota and DesiredPod are
+// built here, not in internal/testing/builders: that package cannot import push, whose own
+// tests import it.)
 func template(name string) assignment.Downstream {
-	return assignment.Downstream{
-		Name:           name,
-		Upstream:       "http://upstream.example",
-		AcquireTimeout: assignment.Duration(200 * time.Millisecond),
-		RequestTimeout: assignment.Duration(hRT),
-		Fallback:       assignment.Fallback{Action: assignment.ActionReject},
-	}
+	return builders.MakeDownstream(name).RequestTimeout(hRT).Obj()
 }

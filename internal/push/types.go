@@ -48,7 +48,9 @@ type DesiredPod struct {
 	// pod is terminating.
 	Permits     int32
 	SafeDefault int32
-	// RatePerSecond and RateBurst are the pod's share of the rate contract (0: none).
+	// RatePerSecond and RateBurst are the pod's share of the rate contract
+	// (internal/apportion.SplitRate). RatePerSecond 0 means no rate limit; RateBurst 0 means no
+	// share of the burst: the agent paces the pod.
 	RatePerSecond float64
 	RateBurst     int32
 	// Terminating is true once the pod has a deletionTimestamp.

@@ -13,6 +13,12 @@
 //     spaced at least 1/PerSecond apart and never bunch up, whatever Burst
 //     says.
 //
+// A bucket of one token is the smallest that admits a call, so Burst 0 in
+// TokenBucket mode is a bucket of one: the pod is paced exactly as in Pacing
+// mode. The manager sends Burst 0 when the pods outnumber the contract's
+// burst (internal/apportion.SplitRate): such a pod has no share of the burst,
+// and is paced rather than refused.
+//
 // A call reserves its token in advance: Reserve tells the caller how long to
 // wait before proceeding, and the reservation counts from that moment, so
 // concurrent callers are queued one interval apart rather than stampeding
@@ -72,8 +78,10 @@ const (
 type Config struct {
 	// PerSecond is the steady rate. <= 0 (and NaN, +Inf) means unlimited.
 	PerSecond float64
-	// Burst is the bucket size in TokenBucket mode; values below 1 are
-	// treated as 1. Ignored in Pacing mode.
+	// Burst is the bucket size in TokenBucket mode; 0 (no share of a burst)
+	// is a bucket of one token, which paces exactly as Pacing mode does.
+	// Ignored in Pacing mode. Negative values are treated as 0; Validate
+	// reports them.
 	Burst int
 	// Mode is TokenBucket or Pacing. The empty Mode, and any unknown one,
 	// behave as TokenBucket; Validate reports unknown modes.
@@ -81,16 +89,15 @@ type Config struct {
 }
 
 // Validate reports configuration that New and Set would silently
-// normalise: an unknown Mode, a TokenBucket Burst below 1 on a limited rate,
-// or a NaN rate.
+// normalise: an unknown Mode, a negative Burst, or a NaN rate.
 func (c Config) Validate() error {
 	switch {
 	case c.Mode != "" && c.Mode != TokenBucket && c.Mode != Pacing:
 		return fmt.Errorf("ratelimit: unknown mode %q", c.Mode)
 	case math.IsNaN(c.PerSecond):
 		return fmt.Errorf("ratelimit: perSecond is NaN")
-	case c.Mode != Pacing && c.PerSecond > 0 && c.Burst < 1:
-		return fmt.Errorf("ratelimit: burst %d < 1", c.Burst)
+	case c.Burst < 0:
+		return fmt.Errorf("ratelimit: burst %d < 0", c.Burst)
 	}
 	return nil
 }
@@ -108,7 +115,7 @@ func (c Config) params() params {
 	}
 	burst := c.Burst
 	if c.Mode == Pacing || burst < 1 {
-		burst = 1
+		burst = 1 // Pacing, and Burst 0: a bucket of one token
 	}
 	return params{limit: rate.Limit(c.PerSecond), burst: burst}
 }

@@ -137,7 +137,7 @@ func TestReserve(t *testing.T) {
 			want:  []result{now(0), refused},
 		},
 		{
-			name:  "burst below 1 behaves as 1",
+			name:  "burst 0 (no share of the burst) is paced, as burst 1",
 			cfg:   Config{PerSecond: 10, Burst: 0},
 			steps: []step{reserve(0, 0), reserve(0, 0), reserve(0, time.Second)},
 			want:  []result{now(0), refused, now(100 * ms)},
@@ -326,7 +326,8 @@ func TestValidate(t *testing.T) {
 		{Config{PerSecond: 10, Burst: 1, Mode: TokenBucket}, false},
 		{Config{PerSecond: 10, Mode: Pacing}, false},
 		{Config{}, false}, // unlimited
-		{Config{PerSecond: 10, Burst: 0, Mode: TokenBucket}, true},
+		{Config{PerSecond: 10, Burst: 0, Mode: TokenBucket}, false}, // no share of the burst: paced
+		{Config{PerSecond: 10, Burst: -1, Mode: TokenBucket}, true},
 		{Config{PerSecond: 10, Burst: 1, Mode: "Leaky"}, true},
 		{Config{PerSecond: math.NaN(), Burst: 1}, true},
 	}

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // ErrNoAssets is returned by StartControlPlane when KUBEBUILDER_ASSETS is not set.
@@ -133,17 +134,13 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, er
 // EnableInjection labels a namespace apportion.io/injection=enabled: the API server then calls
 // the injection webhook for its pods.
 func (cp *ControlPlane) EnableInjection(ctx context.Context, name string) error {
-	patch := []byte(`{"metadata":{"labels":{"` + InjectionLabel + `":"enabled"}}}`)
+	patch := []byte(`{"metadata":{"labels":{"` + apportionv1.InjectionLabel + `":"` + apportionv1.InjectionEnabled + `"}}}`)
 	return cp.Client.Patch(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
 }
 
-// InjectionLabel opts a namespace in to agent injection.
-const InjectionLabel = "apportion.io/injection"
-
 // CreateNamespace creates a namespace (an existing one is fine).
 func (cp *ControlPlane) CreateNamespace(ctx context.Context, name string) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := cp.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := cp.Client.Create(ctx, builders.MakeNamespace(name).Obj()); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/push"
 )
 
@@ -86,7 +87,7 @@ func agentSpecFromPod(pod *corev1.Pod, ip, trustDir string) (AgentSpec, error) {
 	c, ok := agentContainer(pod)
 	if !ok {
 		return AgentSpec{}, fmt.Errorf("pod %s was admitted without an %s container: is its namespace labelled %s=enabled, and does its workload belong to a DownstreamQuota?",
-			pod.Name, AgentContainer, InjectionLabel)
+			pod.Name, AgentContainer, apportionv1.InjectionLabel)
 	}
 	if c.Image != AgentImage {
 		return AgentSpec{}, fmt.Errorf("pod %s: the agent's image is %q; the harness runs only %q (the binary it built)", pod.Name, c.Image, AgentImage)
@@ -159,7 +160,7 @@ func agentSpecFromPod(pod *corev1.Pod, ip, trustDir string) (AgentSpec, error) {
 	}
 	named := 0
 	for _, p := range c.Ports {
-		if p.Name == "apportion-ctl" {
+		if p.Name == apportionv1.AgentPortName {
 			named = int(p.ContainerPort)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // QuotaConfig is a DownstreamQuota with one Deployment target.
@@ -36,29 +36,23 @@ type QuotaConfig struct {
 // NewQuota builds the DownstreamQuota.
 func NewQuota(c QuotaConfig) *apportionv1.DownstreamQuota {
 	if c.FactorPercent == 0 {
-		c.FactorPercent = 80
+		c.FactorPercent = apportionv1.DefaultSafetyFactorPercent
 	}
 	if c.AcquireTimeout == 0 {
-		c.AcquireTimeout = 200 * time.Millisecond
+		c.AcquireTimeout = apportionv1.DefaultAcquireTimeout
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = time.Second
 	}
-	return &apportionv1.DownstreamQuota{
-		ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace},
-		Spec: apportionv1.DownstreamQuotaSpec{
-			MaxInFlight:         c.Limit,
-			SafetyFactorPercent: c.FactorPercent,
-			Upstream:            c.Upstream,
-			Targets:             []apportionv1.Target{{Kind: apportionv1.KindDeployment, Name: c.Target, Weight: 1}},
-			Agent: apportionv1.AgentPolicy{
-				AcquireTimeout: &metav1.Duration{Duration: c.AcquireTimeout},
-				RequestTimeout: &metav1.Duration{Duration: c.RequestTimeout},
-				Fallback:       &apportionv1.Fallback{Action: apportionv1.FallbackReject},
-				FailurePolicy:  apportionv1.FailureSafeDefault,
-			},
-		},
-	}
+	return builders.MakeDownstreamQuota(c.Name, c.Namespace).
+		Limit(c.Limit).
+		Factor(c.FactorPercent).
+		Upstream(c.Upstream).
+		Targets(apportionv1.Target{Kind: apportionv1.KindDeployment, Name: c.Target, Weight: apportionv1.DefaultWeight}).
+		Timeouts(c.AcquireTimeout, c.RequestTimeout).
+		Fallback(apportionv1.Fallback{Action: apportionv1.FallbackReject}).
+		FailurePolicy(apportionv1.FailureSafeDefault).
+		Obj()
 }
 
 // GetQuota reads a DownstreamQuota.

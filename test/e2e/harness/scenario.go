@@ -95,7 +95,7 @@ func (c *ScenarioConfig) defaults() {
 		c.Workload = "gateway"
 	}
 	def32(&c.Limit, 50)
-	def32(&c.FactorPercent, 80)
+	def32(&c.FactorPercent, apportionv1.DefaultSafetyFactorPercent)
 	def32(&c.Replicas, 8)
 	def32(&c.MinReplicas, 4)
 	def32(&c.MaxReplicas, 16)

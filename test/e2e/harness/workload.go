@@ -16,14 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/apportion/apportion/internal/testing/builders"
 )
 
 // KubeletFinalizer keeps a deleted Pod terminating until the harness (the "kubelet") has stopped
 // its agent, as a real kubelet does.
 const KubeletFinalizer = "e2e.apportion.io/kubelet"
-
-// AgentPortAnnotation says where a pod's agent control port is (the manager reads it).
-const AgentPortAnnotation = "apportion.io/agent-port"
 
 // WorkloadConfig describes a Deployment scaled by an HPA whose pods run agents.
 type WorkloadConfig struct {
@@ -86,21 +85,8 @@ func (w *Workload) deployment() *appsv1.Deployment {
 	if w.cfg.Deployment != nil {
 		return w.cfg.Deployment
 	}
-	labels := map[string]string{"app": w.cfg.Name}
-	w.cfg.Deployment = &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Name, Namespace: w.cfg.Namespace},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(int32(1)),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				// No agent: the injection webhook adds it, as in a cluster.
-				Spec: corev1.PodSpec{Containers: []corev1.Container{
-					{Name: "app", Image: "example.invalid/app:e2e"},
-				}},
-			},
-		},
-	}
+	// No agent: the injection webhook adds it, as in a cluster.
+	w.cfg.Deployment = builders.MakeDeployment(w.cfg.Name, w.cfg.Namespace).Image("example.invalid/app:e2e").Obj()
 	return w.cfg.Deployment
 }
 
@@ -108,21 +94,10 @@ func (w *Workload) hpa() *autoscalingv2.HorizontalPodAutoscaler {
 	if w.cfg.HPA != nil {
 		return w.cfg.HPA
 	}
-	w.cfg.HPA = &autoscalingv2.HorizontalPodAutoscaler{
-		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Name, Namespace: w.cfg.Namespace},
-		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
-			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: w.cfg.Name},
-			MinReplicas:    ptr.To(w.cfg.MinReplicas),
-			MaxReplicas:    w.cfg.MaxReplicas,
-			Metrics: []autoscalingv2.MetricSpec{{
-				Type: autoscalingv2.ResourceMetricSourceType,
-				Resource: &autoscalingv2.ResourceMetricSource{
-					Name:   corev1.ResourceCPU,
-					Target: autoscalingv2.MetricTarget{Type: autoscalingv2.UtilizationMetricType, AverageUtilization: ptr.To(int32(70))},
-				},
-			}},
-		},
-	}
+	w.cfg.HPA = builders.MakeHPA(w.cfg.Name, w.cfg.Namespace).
+		Replicas(w.cfg.MinReplicas, w.cfg.MaxReplicas).
+		CPUUtilization(70).
+		Obj()
 	return w.cfg.HPA
 }
 

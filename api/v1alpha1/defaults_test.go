@@ -1,0 +1,111 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestDefaultsMatchCRD checks the Default* constants, which the manager applies, against the
+// defaults the API server applies: those the +kubebuilder:default markers put in the generated
+// CRDs (config/crd/bases). A marker changed without its constant, or the reverse, fails here.
+func TestDefaultsMatchCRD(t *testing.T) {
+	for _, tc := range []struct {
+		crd, path string
+		want      any // a time.Duration is compared with the parsed default; anything else as JSON
+	}{
+		{"downstreamquotas", "spec.safetyFactorPercent", DefaultSafetyFactorPercent},
+		{"downstreamquotas", "spec.targets[].weight", DefaultWeight},
+		{"downstreamquotas", "spec.rate.burst", DefaultRateBurst},
+		{"downstreamquotas", "spec.rate.mode", DefaultRateMode},
+		{"downstreamquotas", "spec.agent.failurePolicy", DefaultFailurePolicy},
+		{"downstreamquotas", "spec.agent.acquireTimeout", DefaultAcquireTimeout},
+		{"downstreamquotas", "spec.agent.requestTimeout", DefaultRequestTimeout},
+		{"downstreamquotas", "spec.agent.fallback.action", DefaultFallbackAction},
+		{"downstreamquotas", "spec.agent.fallback.maxStaleness", DefaultMaxStaleness},
+		{"downstreamquotas", "spec.agent.fallback.static.status", DefaultStaticStatus},
+		{"downstreamquotas", "spec.agent.circuitBreaker.window", DefaultBreakerWindow},
+		{"downstreamquotas", "spec.agent.circuitBreaker.failureRatePercent", DefaultBreakerFailureRatePercent},
+		{"downstreamquotas", "spec.agent.circuitBreaker.slowCallThreshold", DefaultBreakerSlowCallThreshold},
+		{"downstreamquotas", "spec.agent.circuitBreaker.slowCallRatePercent", DefaultBreakerSlowCallRatePercent},
+		{"downstreamquotas", "spec.agent.circuitBreaker.minimumCalls", DefaultBreakerMinimumCalls},
+		{"downstreamquotas", "spec.agent.circuitBreaker.openDuration", DefaultBreakerOpenDuration},
+		{"downstreamquotas", "spec.agent.circuitBreaker.halfOpenProbes", DefaultBreakerHalfOpenProbes},
+		{"downstreamquotas", "spec.agent.recovery.window", DefaultRecoveryWindow},
+		{"downstreamquotas", "spec.agent.recovery.ramp.shape", DefaultRampShape},
+		{"downstreamquotas", "spec.agent.recovery.ramp.initialPercent", DefaultRampInitialPercent},
+		{"downstreamquotas", "spec.agent.recovery.ramp.stepPercent", DefaultRampStepPercent},
+		{"downstreamquotas", "spec.agent.recovery.ramp.healthyWindows", DefaultRampHealthyWindows},
+		{"downstreamquotas", "spec.agent.recovery.adaptive.tolerancePercent", DefaultAdaptiveTolerancePercent},
+		{"downstreamquotas", "spec.agent.recovery.adaptive.baselineWindows", DefaultAdaptiveBaselineWindows},
+		{"downstreamquotas", "spec.agent.recovery.adaptive.minLimit", DefaultAdaptiveMinLimit},
+		{"degraderules", "spec.scope.percent", DefaultDegradePercent},
+		{"degraderules", "spec.action.action", DefaultFallbackAction},
+		{"degraderules", "spec.action.maxStaleness", DefaultMaxStaleness},
+		{"degraderules", "spec.action.static.status", DefaultStaticStatus},
+	} {
+		t.Run(tc.crd+"/"+tc.path, func(t *testing.T) {
+			s := schemaAt(t, tc.crd, tc.path)
+			if s.Default == nil {
+				t.Fatalf("no default in the CRD; the constant says %v", tc.want)
+			}
+			if d, ok := tc.want.(time.Duration); ok {
+				var got string
+				if err := json.Unmarshal(s.Default.Raw, &got); err != nil {
+					t.Fatalf("CRD default %s is not a duration string: %v", s.Default.Raw, err)
+				}
+				if g, err := time.ParseDuration(got); err != nil || g != d {
+					t.Fatalf("CRD default %q, constant %v", got, d)
+				}
+				return
+			}
+			want, err := json.Marshal(tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(s.Default.Raw); got != string(want) {
+				t.Fatalf("CRD default %s, constant %s", got, want)
+			}
+		})
+	}
+}
+
+// schemaAt walks a CRD's v1alpha1 schema along a dotted path ("a.b[].c": [] steps into items).
+func schemaAt(t *testing.T, crd, path string) apiextensionsv1.JSONSchemaProps {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "crd", "bases", "apportion.io_"+crd+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(raw, &c); err != nil {
+		t.Fatal(err)
+	}
+	var s *apiextensionsv1.JSONSchemaProps
+	for _, v := range c.Spec.Versions {
+		if v.Name == GroupVersion.Version {
+			s = v.Schema.OpenAPIV3Schema
+		}
+	}
+	if s == nil {
+		t.Fatalf("%s has no %s schema", crd, GroupVersion.Version)
+	}
+	for _, part := range strings.Split(path, ".") {
+		name, items := strings.CutSuffix(part, "[]")
+		p, ok := s.Properties[name]
+		if !ok {
+			t.Fatalf("%s: no property %q", crd, name)
+		}
+		s = &p
+		if items {
+			s = s.Items.Schema
+		}
+	}
+	return *s
+}
