@@ -69,6 +69,8 @@ type Downstream struct {
 	Breaker *Breaker `json:"breaker,omitempty"`
 	// Fallback is the answer when no permit, no token or an open breaker stops a call.
 	Fallback Fallback `json:"fallback"`
+	// Lanes are the downstream's priority lanes (lanes.go); none: one FIFO for every call.
+	Lanes []Lane `json:"lanes,omitempty"`
 }
 
 // Rate is a per-pod rate limit.
@@ -179,6 +181,8 @@ type DownstreamState struct {
 	Requests    int64            `json:"requests"`
 	Upstream429 int64            `json:"upstream429"`
 	Rejected    map[string]int64 `json:"rejected,omitempty"`
+	// Lanes, when the downstream has lanes: the declared ones in order, then "default" (lanes.go).
+	Lanes []LaneState `json:"lanes,omitempty"`
 }
 
 // SwitchState is one switch as the agent holds it.

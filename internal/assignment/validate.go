@@ -213,6 +213,7 @@ func (v *validator) downstream(p string, d *Downstream) {
 		v.intRange(bp+".halfOpenProbes", int64(b.HalfOpenProbes), 1, MaxHalfOpenProbes)
 	}
 	v.fallback(p+".fallback", &d.Fallback)
+	v.lanes(p+".lanes", d.Lanes)
 }
 
 func (v *validator) upstream(p, s string) {

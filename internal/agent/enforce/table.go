@@ -49,6 +49,8 @@ type Config struct {
 	Fallback       fallback.Config
 	Rate           *ratelimit.Config
 	Breaker        *breaker.Config
+	// Lanes are the downstream's priority lanes (lanes.go); none: one FIFO for every call.
+	Lanes []assignment.Lane
 	// CacheStale is true when the fallback or a switch of this downstream serves stale
 	// responses: GET 2xx responses are then kept in the stale cache.
 	CacheStale bool
@@ -73,8 +75,10 @@ type Downstream struct {
 	cfg       atomic.Pointer[Config]
 	limiter   atomic.Pointer[ratelimit.Limiter]
 	breaker   atomic.Pointer[breaker.Breaker]
+	lanes     atomic.Pointer[LaneSet] // lanes.go
 	effective atomic.Int64
 
+	metricsSet            *metrics.Metrics
 	requests, upstream429 atomic.Int64
 	rejected              [4]atomic.Int64 // by metrics.Reason*
 }
@@ -112,11 +116,23 @@ func (d *Downstream) CountUpstream429() {
 
 func (d *Downstream) setEffective(n int) {
 	d.effective.Store(int64(n))
+	if ls := d.Lanes(); ls != nil {
+		// The lanes first when lowering, the downstream semaphore first when raising, so that
+		// the lanes never grant beyond what the downstream semaphore admits at once.
+		if n < ls.Sem.Stats().Limit {
+			ls.Sem.SetLimit(n)
+			d.Sem.SetLimit(n)
+			return
+		}
+		d.Sem.SetLimit(n)
+		ls.Sem.SetLimit(n)
+		return
+	}
 	d.Sem.SetLimit(n)
 }
 
 func newDownstream(name string, cfg *Config, m *metrics.Metrics, now time.Time) *Downstream {
-	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name)}
+	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), metricsSet: m}
 	d.reconfigure(cfg, now)
 	return d
 }
@@ -137,6 +153,7 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	} else {
 		d.breaker.Store(d.newBreaker(*cfg.Breaker))
 	}
+	d.reconfigureLanes(cfg, d.metricsSet)
 	d.cfg.Store(cfg)
 }
 
@@ -151,6 +168,10 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 		Waiting:          int32(st.Waiting),
 		Requests:         d.requests.Load(),
 		Upstream429:      d.upstream429.Load(),
+		Lanes:            d.Lanes().states(),
+	}
+	if ls := d.Lanes(); ls != nil {
+		ds.Waiting += int32(ls.Sem.Stats().Waiting) // calls queue in the lanes, not in Sem
 	}
 	if b := d.Breaker(); b != nil {
 		ds.Breaker = b.State(now).String()
@@ -190,6 +211,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 			Permits: int(d.Permits), SafeDefault: int(d.SafeDefaultPermits), FailClosed: d.FailClosed,
 			AcquireTimeout: d.AcquireTimeout.D(), RequestTimeout: d.RequestTimeout.D(),
 			Fallback:   ConvertFallback(d.Fallback),
+			Lanes:      slices.Clone(d.Lanes),
 			CacheStale: d.Fallback.Action == assignment.ActionServeStale || staleBy[d.Name],
 		}
 		if d.Rate != nil {

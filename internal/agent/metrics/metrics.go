@@ -123,6 +123,7 @@ type Metrics struct {
 	inflightD, waitingD, permitsD *prometheus.Desc
 	breakerD, switchD, peakD      *prometheus.Desc
 	leaseExpiredD, generationD    *prometheus.Desc
+	lane                          *laneMetrics // lanes.go
 }
 
 // New creates the metrics in a new registry, with the Go and process collectors. Gauges read
@@ -166,6 +167,7 @@ func New() *Metrics {
 	m.peakD = d("peak_rps_last_minute", "Highest number of calls in one second within the last 60 seconds.", "downstream")
 	m.leaseExpiredD = d("lease_expired", "1 when the agent runs on safe defaults because its lease passed.")
 	m.generationD = d("config_generation", "Generation of the assignment in force (0 for bootstrap or none).")
+	m.lane = newLaneMetrics(m)
 	m.Registry.MustRegister(stateCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

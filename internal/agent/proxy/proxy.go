@@ -410,6 +410,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		c.clearDeadlines()
 		ds.Sem.Release()
+		ad.releaseLane()
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
