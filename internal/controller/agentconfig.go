@@ -42,6 +42,7 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 		AcquireTimeout: durOr(p.AcquireTimeout, defaultAcquireTimeout),
 		RequestTimeout: durOr(p.RequestTimeout, defaultRequestTimeout),
 		Fallback:       fallbackFor(p.Fallback),
+		Lanes:          lanesFor(dq),
 	}
 	if b := p.CircuitBreaker; b != nil {
 		d.Breaker = &assignment.Breaker{

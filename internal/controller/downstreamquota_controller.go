@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -31,6 +32,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
+	"github.com/apportion/apportion/internal/apportion/demand"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/targets"
 )
@@ -58,6 +60,14 @@ type DownstreamQuotaReconciler struct {
 	// cached status can lag behind a write just made, and a rebalance Event must describe the
 	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
 	decided sync.Map // types.NamespacedName → []apportionv1.TargetStatus
+
+	// Demand-aware sharing (downstreamquota_sharing.go): how often a DemandAware quota is
+	// re-evaluated, its demand's smoothing constant and its damping; zero values are the
+	// defaults. sharing holds each DemandAware quota's *sharingMemory.
+	SharingPeriod time.Duration
+	DemandTau     time.Duration
+	Damping       func(budget int64) demand.Damping
+	sharing       sync.Map
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -74,6 +84,7 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, &dq); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.decided.Delete(req.NamespacedName)
+			r.sharing.Delete(req.NamespacedName)
 			if r.Pusher != nil {
 				r.Pusher.DeleteQuota(req.NamespacedName)
 			}
@@ -110,8 +121,17 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 
 	var report *push.Report
+	var shared *shareResult
 	if r.Pusher != nil {
-		r.Pusher.SetQuota(desiredQuota(&dq, obs, split, switches))
+		desired := desiredQuota(&dq, obs, split, switches)
+		if demandAware(&dq) {
+			last := r.Pusher.Report(req.NamespacedName)
+			res := decideShares(&dq, obs, split, &last, &desired, r.memoryFor(req.NamespacedName), r.sharingParams(), r.Clock.Now())
+			shared = &res
+		} else {
+			r.sharing.Delete(req.NamespacedName)
+		}
+		r.Pusher.SetQuota(desired)
 		rep := r.Pusher.Report(req.NamespacedName)
 		report = &rep
 	}
@@ -119,6 +139,13 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	now := metav1.NewTime(r.Clock.Now())
 	status := computeStatus(&dq, obs, split, report, now)
 	r.decided.Store(req.NamespacedName, status.Targets)
+	status.Lanes = lanesStatus(&dq, report)
+	if shared != nil {
+		status.Sharing = shared.Status
+		if msg := sharesMovedMessage(&dq, *shared); msg != "" {
+			r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, ReasonSharesMoved, "Rebalance", "%s", msg)
+		}
+	}
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
 		r.Recorder.Eventf(&dq, nil, corev1.EventTypeNormal, "Rebalanced", "Rebalance", "rebalanced: %s", msg)
@@ -139,8 +166,9 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 				"could not reach the agents of %s", strings.Join(report.Unreachable, ", "))
 		}
 	}
+	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq)}
 	if equality.Semantic.DeepEqual(dq.Status, status) {
-		return ctrl.Result{}, nil
+		return requeue, nil
 	}
 	orig := dq.DeepCopy()
 	dq.Status = status
@@ -148,7 +176,7 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
-	return ctrl.Result{}, nil
+	return requeue, nil
 }
 
 // targetObservation is what the API says about one target.
