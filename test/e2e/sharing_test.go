@@ -99,7 +99,9 @@ func sortedShares(m map[string]int32) string {
 // TestDemandAwareSkew: 8 pods, 2 of them carrying about 70 % of the calls (20 closed-loop
 // workers each against 3 on the others: 40 of 58), a downstream of 50 driven past its budget of
 // 40. Equal first, then the same pods and load with DemandAware: the fallback rate falls and the
-// goodput rises; then the skew ends and the shares return towards Equal. Prints the settle times.
+// goodput rises; then the skew ends and the shares return towards Equal, and it starts again.
+// Prints the goodput and fallback rates side by side and the settle times (the last change of
+// any pod's effective permits before 5 s without one).
 func TestDemandAwareSkew(t *testing.T) {
 	s := scenario(t, harness.ScenarioConfig{NoLoad: true, Replicas: 8, MinReplicas: 8, MaxReplicas: 16, ManagerArgs: sharingArgs})
 	ctx := t.Context()
@@ -159,6 +161,12 @@ func TestDemandAwareSkew(t *testing.T) {
 	}
 	backIn, shares := settle(t, ctx, s, t1, 5*time.Second, dur(90*time.Second, 3*time.Minute), even)
 	t.Logf("skew ended:  shares settled %s later: %s", backIn.Round(100*time.Millisecond), sortedShares(shares))
+
+	// The skew starts again, now under DemandAware with its memory and damping in force.
+	skewed.Store(true)
+	t2 := time.Now()
+	againIn, shares := settle(t, ctx, s, t2, 5*time.Second, dur(90*time.Second, 3*time.Minute), busyUp)
+	t.Logf("skew again:  shares settled %s after the skew started: %s", againIn.Round(100*time.Millisecond), sortedShares(shares))
 
 	dq, err = s.Quota(ctx)
 	if err != nil {
@@ -358,4 +366,67 @@ func TestLanes(t *testing.T) {
 		_ = sleep(ctx, 200*time.Millisecond)
 	}
 	finish(t, s, start)
+}
+
+// TestLendHeadroomNewPod measures what lending the scale-out headroom costs a new pod: 8 pods
+// under DemandAware with 2 of them busy, then a scale-out to 9 (the HPA's decision, the
+// Deployment's replicas and the pod at once), and the time from that decision until the new
+// pod's agent enforces its first permits, without and with lendHeadroom. With lending, the busy
+// pods hold the whole limit and must be lowered, and their calls drained, before the new pod is
+// raised; without, the headroom is free room. Full suite only (two scenarios); the figures are
+// printed.
+func TestLendHeadroomNewPod(t *testing.T) {
+	if !full {
+		t.Skip("full suite only (E2E_FULL=1): two scenarios measuring a new pod's time to its first permits")
+	}
+	for _, lend := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lendHeadroom=%v", lend), func(t *testing.T) {
+			dq := harness.NewQuota(harness.QuotaConfig{Name: "logistics", Limit: 50, Target: "gateway"})
+			dq.Spec.Sharing = &apportionv1.Sharing{Policy: apportionv1.SharingDemandAware, LendHeadroom: lend}
+			s := scenario(t, harness.ScenarioConfig{NoLoad: true, Replicas: 8, MinReplicas: 8, MaxReplicas: 16, ManagerArgs: sharingArgs, QuotaObject: dq})
+			ctx := t.Context()
+			start := time.Now()
+			pods := s.Workload.Pods()
+			sort.Strings(pods)
+			busy := map[*harness.Agent]bool{s.Workload.Agent(pods[0]): true, s.Workload.Agent(pods[1]): true}
+			s.Load = harness.StartLoad(ctx, harness.LoadConfig{Source: s.Workload, Downstream: s.Cfg.Quota, WorkersPerAgent: 25, Timeout: 5 * time.Second,
+				Workers: func(a *harness.Agent) int {
+					if busy[a] {
+						return 25
+					}
+					return 3
+				}})
+			want := int32(40)
+			if lend {
+				want = 50
+			}
+			sum := func(m map[string]int32) bool {
+				var n int32
+				for _, v := range m {
+					n += v
+				}
+				return n == want
+			}
+			_, shares := settle(t, ctx, s, time.Now(), 5*time.Second, 90*time.Second, sum)
+			t.Logf("before the scale-out: %s; load so far: %s", sortedShares(shares), s.Load.Stats())
+			t0 := time.Now()
+			if err := s.Workload.ScaleTo(ctx, 9, harness.ScaleOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var first time.Duration
+			for first == 0 {
+				for pod, v := range effectiveByPod(ctx, s) {
+					if !slices.Contains(pods, pod) && v > 0 {
+						first = time.Since(t0)
+					}
+				}
+				if time.Since(t0) > 60*time.Second {
+					t.Fatal("the new pod got no permit within 60s")
+				}
+				_ = sleep(ctx, 10*time.Millisecond)
+			}
+			t.Logf("lendHeadroom=%v: the new pod enforced its first permits %s after the scale-out decision; load so far: %s", lend, first.Round(time.Millisecond), s.Load.Stats())
+			finish(t, s, start)
+		})
+	}
 }
