@@ -204,11 +204,18 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	}
 	mem.sampled = now
 
+	// The current split: what was decided last round; on the first round after the quota turned
+	// DemandAware, the Equal shares the pods hold, so that the switch itself is damped. A pod
+	// new since the last round starts from 0 (below its floor: the round is forced).
+	fresh := len(mem.shares) == 0
 	dem := make([]int64, len(live))
 	cur := make([]int64, len(live))
 	for j, i := range live {
 		dem[j] = demand.Permits(mem.demand[d.Pods[i].Name])
 		cur[j] = mem.shares[d.Pods[i].Name]
+		if fresh {
+			cur[j] = int64(d.Pods[i].Permits)
+		}
 	}
 	target := demand.Target(budget, floor, dem)
 	next, damped := demand.Step(budget, floor, cur, target, p.Damping(budget), now, mem.lastMove)

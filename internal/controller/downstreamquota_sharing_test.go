@@ -219,3 +219,20 @@ func TestDecideSharesLendHeadroom(t *testing.T) {
 		t.Fatalf("after scale-out: budget %d lent %d Σ %d (%v)", res.Budget, res.Status.LentHeadroom, sum, shares)
 	}
 }
+
+// Turning DemandAware on starts from the Equal shares the pods hold: the first round is damped
+// (at most MaxMove permits move), not a jump to the target.
+func TestDecideSharesSwitchIsDamped(t *testing.T) {
+	r := newShareRig(50, 80, 8, false) // Equal 5 each; MaxMove max(2, 40/4) = 10
+	r.inFl["p00"], r.inFl["p01"] = 20, 20
+	shares, res := r.round()
+	var moved int32
+	for _, v := range shares {
+		if v > 5 {
+			moved += v - 5
+		}
+	}
+	if res.Moved != int64(moved) || moved == 0 || moved > 10 {
+		t.Fatalf("first round moved %d (reported %d), want 1..10 from Equal: %v", moved, res.Moved, shares)
+	}
+}

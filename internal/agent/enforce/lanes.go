@@ -1,7 +1,6 @@
 package enforce
 
 import (
-	"context"
 	"net/http"
 	"slices"
 	"strings"
@@ -105,14 +104,6 @@ func (ls *LaneSet) Match(method, path string, h http.Header) int {
 
 // Name is lane l's name.
 func (ls *LaneSet) Name(l int) string { return ls.names[l] }
-
-// Acquire takes a permit of lane l, at once or waiting until ctx ends (see lanes.Semaphore).
-func (ls *LaneSet) Acquire(ctx context.Context, l int) error {
-	if ls.Sem.TryAcquire(l) {
-		return nil
-	}
-	return ls.Sem.Acquire(ctx, l)
-}
 
 // CountRejected counts a call of lane l not forwarded, by metrics.Reason*.
 func (ls *LaneSet) CountRejected(l, reason int) {
