@@ -29,15 +29,15 @@ type Sharing struct {
 	FloorPermits *int32 `json:"floorPermits,omitempty"`
 	// lendHeadroom, under DemandAware, also shares the scale-out headroom (maxInFlight − budget)
 	// among busy pods while no scale-out is pending; a scale-out takes it back first, through
-	// the same lower-before-raise protocol. Off by default: a new pod then waits for busy pods
-	// to be lowered before it gets its first permits.
+	// the same lower-before-raise protocol. Off by default: with it on, a new pod may wait for
+	// busy pods to be lowered (and their calls to drain) before it gets its first permits.
 	// +optional
 	LendHeadroom bool `json:"lendHeadroom,omitempty"`
 	// eventThresholdPercent: a Normal Event SharesMoved is recorded when a round moves more
 	// than this share of the budget.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
-	// +kubebuilder:default=25
+	// +kubebuilder:default=10
 	// +optional
 	EventThresholdPercent int32 `json:"eventThresholdPercent,omitempty"`
 }

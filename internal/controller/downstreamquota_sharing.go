@@ -253,7 +253,7 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 // sharesMovedMessage is the SharesMoved Event's message when a round moved more than the
 // quota's threshold of the budget, else "".
 func sharesMovedMessage(dq *apportionv1.DownstreamQuota, r shareResult) string {
-	th := int64(int32Or(dq.Spec.Sharing.EventThresholdPercent, 25))
+	th := int64(int32Or(dq.Spec.Sharing.EventThresholdPercent, 10))
 	if r.Moved == 0 || r.Moved*100 <= th*r.Budget {
 		return ""
 	}

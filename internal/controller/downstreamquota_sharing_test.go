@@ -37,7 +37,7 @@ var _ = Describe("DownstreamQuota lanes and sharing admission", func() {
 		Expect(k8sClient.Create(ctx, dq)).To(Succeed())
 		Expect(dq.Spec.Lanes[0].LendPercent).To(Equal(ptr.To[int32](50)))
 		Expect(dq.Spec.Sharing.FloorPermits).To(Equal(ptr.To[int32](1)))
-		Expect(dq.Spec.Sharing.EventThresholdPercent).To(BeEquivalentTo(25))
+		Expect(dq.Spec.Sharing.EventThresholdPercent).To(BeEquivalentTo(10))
 		Expect(lanesFor(dq)).To(HaveLen(2))
 	})
 
@@ -234,5 +234,16 @@ func TestDecideSharesSwitchIsDamped(t *testing.T) {
 	}
 	if res.Moved != int64(moved) || moved == 0 || moved > 10 {
 		t.Fatalf("first round moved %d (reported %d), want 1..10 from Equal: %v", moved, res.Moved, shares)
+	}
+}
+
+func TestSharesMovedMessage(t *testing.T) {
+	dq := quota("ns", "q", 50, apportionv1.Target{Kind: "Deployment", Name: "app"})
+	dq.Spec.Sharing = &apportionv1.Sharing{Policy: apportionv1.SharingDemandAware}
+	if msg := sharesMovedMessage(dq, shareResult{Moved: 4, Budget: 40}); msg != "" {
+		t.Errorf("4 of 40 (10 %%, not more) gave %q", msg)
+	}
+	if msg := sharesMovedMessage(dq, shareResult{Moved: 5, Budget: 40}); msg != "5 of 40 permits moved to follow demand (more than 10%)" {
+		t.Errorf("5 of 40 gave %q", msg)
 	}
 }
