@@ -175,6 +175,9 @@ func TestDemandAwareSkew(t *testing.T) {
 	if dq.Status.Sharing == nil || len(dq.Status.Sharing.Pods) != 8 {
 		t.Errorf("status.sharing %+v, want 8 pods", dq.Status.Sharing)
 	}
+	if err := waitEvent(ctx, s, "SharesMoved", 10*time.Second); err != nil {
+		t.Error(err)
+	}
 	finish(t, s, start)
 }
 
