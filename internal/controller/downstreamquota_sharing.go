@@ -71,6 +71,7 @@ func demandAware(dq *apportionv1.DownstreamQuota) bool {
 type sharingMemory struct {
 	mu       sync.Mutex
 	demand   map[string]float64 // pod → smoothed demand, in permits
+	level    map[string]int64   // pod → the demand in whole permits (demand.Quantize)
 	refused  map[string]int64   // pod → the agent's no-permit counter at the last sample
 	shares   map[string]int64   // pod → share decided
 	sampled  time.Time          // last sample
@@ -79,7 +80,7 @@ type sharingMemory struct {
 }
 
 func newSharingMemory() *sharingMemory {
-	return &sharingMemory{demand: map[string]float64{}, refused: map[string]int64{}, shares: map[string]int64{}}
+	return &sharingMemory{demand: map[string]float64{}, level: map[string]int64{}, refused: map[string]int64{}, shares: map[string]int64{}}
 }
 
 // memoryFor is the sharing memory of quota key, created on first use.
@@ -198,6 +199,7 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	for name := range mem.demand {
 		if !seen[name] {
 			delete(mem.demand, name)
+			delete(mem.level, name)
 			delete(mem.refused, name)
 			delete(mem.shares, name)
 		}
@@ -211,7 +213,13 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	dem := make([]int64, len(live))
 	cur := make([]int64, len(live))
 	for j, i := range live {
-		dem[j] = demand.Permits(mem.demand[d.Pods[i].Name])
+		name := d.Pods[i].Name
+		prev, ok := mem.level[name]
+		if !ok {
+			prev = -1
+		}
+		mem.level[name] = demand.Quantize(prev, mem.demand[name], demand.DemandBand)
+		dem[j] = mem.level[name]
 		cur[j] = mem.shares[d.Pods[i].Name]
 		if fresh {
 			cur[j] = int64(d.Pods[i].Permits)

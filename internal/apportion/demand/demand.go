@@ -7,7 +7,7 @@
 //
 // The budget B is what package apportion computes (limit × factor). Each pod i reports a demand
 // dᵢ in permits (what it had in flight, queued, and refused for lack of a permit, smoothed: see
-// Smooth and Sample). Target computes the split a pod should converge to:
+// Smooth, Sample and Quantize). Target computes the split a pod should converge to:
 //
 //  1. every pod gets the floor f (FloorPermits; when B < n·f, the floor the budget allows,
 //     ⌊B/n⌋, which is the Equal split);
@@ -257,6 +257,28 @@ func Smooth(prev, sample float64, dt, tau time.Duration) float64 {
 func Sample(inFlight, waiting, refusedNoPermit, share int64) float64 {
 	return float64(max(inFlight, 0) + max(waiting, 0) + min(max(refusedNoPermit, 0), max(share, 1)))
 }
+
+// Quantize turns a smoothed demand into whole permits with hysteresis: the level held, prev,
+// is kept while the smoothed demand stays within band of it, and only then rounded to the nearest
+// permit (the first level, with none held, is rounded up: Permits).
+// A sampled demand jitters by a call or two around a steady mean (a call more or less in flight
+// at the sampling instant); without the band that jitter would cross a rounding boundary now and
+// then and move the pod's target, and with it, through the odd unit's tie-breaking, its
+// neighbours' — flapping the dead band of a small share (one permit) cannot absorb. prev < 0
+// means none held yet.
+func Quantize(prev int64, smoothed, band float64) int64 {
+	if prev >= 0 && math.Abs(smoothed-float64(prev)) <= band {
+		return prev
+	}
+	if prev < 0 {
+		return Permits(smoothed)
+	}
+	return max(0, int64(math.Round(min(smoothed, 1e12))))
+}
+
+// DemandBand is the hysteresis band Quantize is used with: nine tenths of a permit, so that a
+// steady change of one whole permit still passes.
+const DemandBand = 0.9
 
 // Permits rounds a smoothed demand up to whole permits (a pod that asked for 2.1 on average
 // needs 3 to serve its peaks), ignoring the last hundredth so that a decayed 2.0000001 is 2.

@@ -243,3 +243,60 @@ func TestSmoothAndPermits(t *testing.T) {
 		t.Errorf("Sample = %v, want 3+2+min(100,4)=9", got)
 	}
 }
+
+func TestQuantize(t *testing.T) {
+	for _, tc := range []struct {
+		prev     int64
+		smoothed float64
+		want     int64
+	}{
+		{-1, 3.2, 4}, // nothing held: rounded up
+		{3, 3.7, 3},  // within the band: kept
+		{3, 2.3, 3},
+		{3, 4.2, 4}, // beyond: rounded to the nearest
+		{3, 1.5, 2},
+		{0, 0.9, 0},
+		{0, 0.95, 1},
+	} {
+		if got := Quantize(tc.prev, tc.smoothed, DemandBand); got != tc.want {
+			t.Errorf("Quantize(%d, %v) = %d, want %d", tc.prev, tc.smoothed, got, tc.want)
+		}
+	}
+}
+
+// TestSteadyNoisyDemandDoesNotFlap: demand sampled with ±1 of jitter around a steady mean,
+// smoothed, quantized and shared every round, moves shares only at the start: once settled, no
+// round moves anything.
+func TestSteadyNoisyDemandDoesNotFlap(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 15))
+	means := []float64{20, 20, 3, 3, 3, 3, 3, 3}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	smoothed := slices.Clone(means)
+	levels := repeat(-1, len(means))
+	cur := repeat(5, len(means))
+	d := DefaultDamping(40)
+	d.MinInterval = 2 * time.Second
+	var last time.Time
+	lastMove := -1
+	for round := range 600 { // 5 minutes at 500 ms
+		now := t0.Add(time.Duration(round) * 500 * time.Millisecond)
+		dem := make([]int64, len(means))
+		for i, m := range means {
+			smoothed[i] = Smooth(smoothed[i], m+float64(r.IntN(3)-1), 500*time.Millisecond, 2*time.Second)
+			levels[i] = Quantize(levels[i], smoothed[i], DemandBand)
+			dem[i] = levels[i]
+		}
+		next, damped := Step(40, 1, cur, Target(40, 1, dem), d, now, last)
+		if damped {
+			last = now
+		}
+		if !slices.Equal(next, cur) {
+			lastMove = round
+		}
+		cur = next
+	}
+	if lastMove > 100 {
+		t.Fatalf("shares still moved at round %d of 600 under steady demand: %v", lastMove, cur)
+	}
+	t.Logf("last move at round %d of 600: %v", lastMove, cur)
+}
