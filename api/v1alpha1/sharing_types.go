@@ -11,6 +11,7 @@ const (
 	SharingEqual SharingPolicy = "Equal"
 	// SharingDemandAware gives every pod a floor and shares the rest by each pod's recent demand
 	// (in flight + waiting + refused for lack of a permit, smoothed), damped against oscillation.
+	// Target weights apply to Equal only.
 	SharingDemandAware SharingPolicy = "DemandAware"
 )
 
