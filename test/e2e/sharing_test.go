@@ -35,22 +35,44 @@ type window struct {
 	start time.Time
 	load  harness.LoadStats
 	ds    harness.DownstreamStats
+	// The downstream's concurrency sampled every 20 ms: the goodput in calls held at once, which
+	// unlike calls per second does not shrink when a starved machine stretches every call.
+	stop       chan struct{}
+	done       chan struct{}
+	sum, count int64
 }
 
-func openWindow(s *harness.Scenario) window {
-	return window{s: s, start: time.Now(), load: s.Load.Stats(), ds: s.DS.Stats()}
+func openWindow(s *harness.Scenario) *window {
+	w := &window{s: s, start: time.Now(), load: s.Load.Stats(), ds: s.DS.Stats(), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				w.sum += s.DS.Stats().InFlight
+				w.count++
+			}
+		}
+	}()
+	return w
 }
 
-// close returns the downstream's goodput (2xx per second) and the share of the app's calls
-// answered by the fallback.
-func (w window) close() (goodput, fallbackRate float64, requests int64) {
+// close returns the downstream's goodput (2xx per second), its mean concurrency and the share
+// of the app's calls answered by the fallback.
+func (w *window) close() (goodput, concurrency, fallbackRate float64, requests int64) {
+	close(w.stop)
+	<-w.done
 	secs := time.Since(w.start).Seconds()
 	l, d := w.s.Load.Stats(), w.s.DS.Stats()
 	requests = l.Requests - w.load.Requests
 	if requests > 0 {
 		fallbackRate = float64(l.Fallback-w.load.Fallback) / float64(requests)
 	}
-	return float64(d.OK-w.ds.OK) / secs, fallbackRate, requests
+	return float64(d.OK-w.ds.OK) / secs, float64(w.sum) / float64(max(w.count, 1)), fallbackRate, requests
 }
 
 // effectiveByPod is every reachable pod's effective permits.
@@ -140,8 +162,9 @@ func TestDemandAwareSkew(t *testing.T) {
 	_ = sleep(ctx, time.Second)
 	w := openWindow(s)
 	_ = sleep(ctx, measure)
-	eqGood, eqFall, eqReq := w.close()
-	t.Logf("Equal:       goodput %.0f/s, fallback %.1f%% of %d calls, shares %s", eqGood, 100*eqFall, eqReq, sortedShares(effectiveByPod(ctx, s)))
+	eqGood, eqConc, eqFall, eqReq := w.close()
+	t.Logf("Equal:       goodput %.0f/s, %.1f calls held at the downstream on average, fallback %.1f%% of %d calls, shares %s",
+		eqGood, eqConc, 100*eqFall, eqReq, sortedShares(effectiveByPod(ctx, s)))
 
 	dq, err := s.Quota(ctx)
 	if err != nil {
@@ -159,10 +182,11 @@ func TestDemandAwareSkew(t *testing.T) {
 
 	w = openWindow(s)
 	_ = sleep(ctx, measure)
-	daGood, daFall, daReq := w.close()
-	t.Logf("DemandAware: goodput %.0f/s, fallback %.1f%% of %d calls", daGood, 100*daFall, daReq)
-	if daGood <= eqGood || daFall >= eqFall {
-		t.Errorf("demand-aware sharing did not help: goodput %.0f/s vs Equal %.0f/s, fallback %.1f%% vs %.1f%%", daGood, eqGood, 100*daFall, 100*eqFall)
+	daGood, daConc, daFall, daReq := w.close()
+	t.Logf("DemandAware: goodput %.0f/s, %.1f calls held at the downstream on average, fallback %.1f%% of %d calls", daGood, daConc, 100*daFall, daReq)
+	if daConc <= eqConc || daFall >= eqFall {
+		t.Errorf("demand-aware sharing did not help: %.1f calls held at once vs Equal %.1f (%.0f/s vs %.0f/s), fallback %.1f%% vs %.1f%%",
+			daConc, eqConc, daGood, eqGood, 100*daFall, 100*eqFall)
 	}
 
 	skewed.Store(false)
@@ -310,7 +334,7 @@ func TestLanes(t *testing.T) {
 		}
 		_ = sleep(ctx, 100*time.Millisecond)
 	}
-	good, readFall, reads := w.close()
+	good, _, readFall, reads := w.close()
 	stopCore()
 	wg.Wait()
 	waits := core.take()
