@@ -42,6 +42,9 @@ const (
 	ReasonRebalanced = "Rebalanced"
 	// ReasonSafeDefaultChanged: a target's safe default changed.
 	ReasonSafeDefaultChanged = "SafeDefaultChanged"
+	// ReasonSharesMoved: a DemandAware sharing round moved more than the quota's
+	// eventThresholdPercent of the budget.
+	ReasonSharesMoved = "SharesMoved"
 	// ReasonPodsUnreachable: the set of pods whose agents cannot be reached changed (Warning).
 	ReasonPodsUnreachable = "PodsUnreachable"
 	// ReasonPodsWithoutAgent (above) is also the reason of the Warning recorded each time the

@@ -36,4 +36,9 @@ const (
 	DefaultAdaptiveTolerancePercent int32 = 150
 	DefaultAdaptiveBaselineWindows  int32 = 60
 	DefaultAdaptiveMinLimit         int32 = 1
+
+	DefaultSharingPolicy                      = SharingEqual
+	DefaultSharingFloorPermits          int32 = 1
+	DefaultSharingEventThresholdPercent int32 = 10
+	DefaultLaneLendPercent              int32 = 50
 )

@@ -204,6 +204,17 @@ type DownstreamQuotaSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Agent AgentPolicy `json:"agent,omitempty"`
+	// sharing says how the budget is shared among pods (sharing_types.go); Equal when absent.
+	// +optional
+	Sharing *Sharing `json:"sharing,omitempty"`
+	// lanes are priority lanes with reserves (sharing_types.go); calls matching none use the
+	// default lane.
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:XValidation:rule="self.map(l, l.reservedPercent).sum() <= 100",message="the lanes' reservedPercent sum to at most 100"
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Lanes []Lane `json:"lanes,omitempty"`
 }
 
 // HPAStatus is what the HPA that scales a target reports.
@@ -343,6 +354,12 @@ type DownstreamQuotaStatus struct {
 	// lastRebalanceDuration is how long the last rebalance took to be acknowledged by every pod.
 	// +optional
 	LastRebalanceDuration string `json:"lastRebalanceDuration,omitempty"`
+	// sharing is what demand-aware sharing decided (sharing_types.go); absent under Equal.
+	// +optional
+	Sharing *SharingStatus `json:"sharing,omitempty"`
+	// lanes, in spec order then default, summed over pods (sharing_types.go).
+	// +optional
+	Lanes []LaneStatus `json:"lanes,omitempty"`
 }
 
 // DownstreamQuota is one downstream's global contract (max in-flight, optional rate), the

@@ -59,6 +59,7 @@ type options struct {
 	trustConfigMap   string
 	version          bool
 	webhook          webhookOptions
+	sharing          sharingOptions // sharing.go
 	inject           inject.Config
 }
 
@@ -83,6 +84,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	o.webhook.bind(fs)
+	o.sharing.bind(fs)
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -104,6 +106,9 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	if o.pushTimeout <= 0 || o.renewEvery <= 0 || o.renewEvery+o.pushTimeout >= o.leaseTTL {
 		errs = append(errs, fmt.Errorf("--renew-every (%s) + --push-timeout (%s) must be positive and below --lease-ttl (%s), so a renewal can be retried before the lease passes",
 			o.renewEvery, o.pushTimeout, o.leaseTTL))
+	}
+	if err := o.sharing.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.pushWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--push-workers must be at least 1, got %d", o.pushWorkers))
@@ -247,6 +252,10 @@ func run(args []string) error {
 		Pusher:   engine,
 		Clock:    clock.RealClock{},
 		Changes:  quotaChanges,
+
+		SharingPeriod: o.sharing.period,
+		DemandTau:     o.sharing.tau,
+		Damping:       o.sharing.damping,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("DownstreamQuota controller: %w", err)
 	}

@@ -83,6 +83,8 @@ type Downstream struct {
 	// connection was closed, because the downstream may still be working on it. nil: the
 	// RequestTimeout; 0: no hold.
 	AbandonedHold *Duration `json:"abandonedHold,omitempty"`
+	// Lanes are the downstream's priority lanes (lanes.go); none: one FIFO for every call.
+	Lanes []Lane `json:"lanes,omitempty"`
 }
 
 // Ramp shapes as they travel.
@@ -260,6 +262,8 @@ type DownstreamState struct {
 	Requests    int64            `json:"requests"`
 	Upstream429 int64            `json:"upstream429"`
 	Rejected    map[string]int64 `json:"rejected,omitempty"`
+	// Lanes, when the downstream has lanes: the declared ones in order, then "default" (lanes.go).
+	Lanes []LaneState `json:"lanes,omitempty"`
 }
 
 // SwitchState is one switch as the agent holds it.

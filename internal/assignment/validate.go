@@ -256,6 +256,7 @@ func (v *validator) downstream(p string, d *Downstream) {
 	if d.AbandonedHold != nil {
 		v.durRange(p+".abandonedHold", d.AbandonedHold.D(), 0, MaxAbandonedHold)
 	}
+	v.lanes(p+".lanes", d.Lanes)
 }
 
 func (v *validator) upstream(p, s string) {

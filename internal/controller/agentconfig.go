@@ -40,6 +40,7 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 		AcquireTimeout: durOr(p.AcquireTimeout, apportionv1.DefaultAcquireTimeout),
 		RequestTimeout: durOr(p.RequestTimeout, apportionv1.DefaultRequestTimeout),
 		Fallback:       fallbackFor(p.Fallback),
+		Lanes:          lanesFor(dq),
 	}
 	if rc := dq.Spec.Rate; rc != nil {
 		d.Rate = &assignment.Rate{Mode: string(cmp.Or(rc.Mode, apportionv1.DefaultRateMode))}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -31,6 +32,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
+	"github.com/apportion/apportion/internal/apportion/demand"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/targets"
 )
@@ -58,6 +60,14 @@ type DownstreamQuotaReconciler struct {
 	// cached status can lag behind a write just made, and a rebalance Event must describe the
 	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
 	decided sync.Map // types.NamespacedName → []apportionv1.TargetStatus
+
+	// Demand-aware sharing (downstreamquota_sharing.go): how often a DemandAware quota is
+	// re-evaluated, its demand's smoothing constant and its damping; zero values are the
+	// defaults. sharing holds each DemandAware quota's *sharingMemory.
+	SharingPeriod time.Duration
+	DemandTau     time.Duration
+	Damping       func(budget int64) demand.Damping
+	sharing       sync.Map
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -76,6 +86,7 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, &dq); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.decided.Delete(req.NamespacedName)
+			r.sharing.Delete(req.NamespacedName)
 			if r.Pusher != nil {
 				r.Pusher.DeleteQuota(req.NamespacedName)
 			}
@@ -112,8 +123,17 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 
 	var report *push.Report
+	var shared *shareResult
 	if r.Pusher != nil {
-		r.Pusher.SetQuota(desiredQuota(&dq, obs, split, switches))
+		desired := desiredQuota(&dq, obs, split, switches)
+		if demandAware(&dq) {
+			last := r.Pusher.Report(req.NamespacedName)
+			res := decideShares(&dq, obs, split, &last, &desired, r.memoryFor(req.NamespacedName), r.sharingParams(), r.Clock.Now())
+			shared = &res
+		} else {
+			r.sharing.Delete(req.NamespacedName)
+		}
+		r.Pusher.SetQuota(desired)
 		rep := r.Pusher.Report(req.NamespacedName)
 		report = &rep
 	}
@@ -122,6 +142,13 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	status := computeStatus(&dq, obs, split, report, now)
 	type event struct{ typ, reason, action, note string }
 	var events []event
+	status.Lanes = lanesStatus(&dq, report)
+	if shared != nil {
+		status.Sharing = shared.Status
+		if msg := sharesMovedMessage(&dq, *shared); msg != "" {
+			events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonSharesMoved, "Rebalance", msg})
+		}
+	}
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
 		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
@@ -142,6 +169,8 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
 		}
 	}
+	// A DemandAware quota is looked at again every sharing period, even when nothing changed.
+	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq)}
 	changed := !equality.Semantic.DeepEqual(dq.Status, status)
 	if changed {
 		orig := dq.DeepCopy()
@@ -161,10 +190,10 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.Recorder.Eventf(&dq, nil, e.typ, e.reason, e.action, "%s", e.note)
 	}
 	if !changed {
-		return ctrl.Result{}, nil
+		return requeue, nil
 	}
 	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
-	return ctrl.Result{}, nil
+	return requeue, nil
 }
 
 // targetObservation is what the API says about one target.

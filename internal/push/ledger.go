@@ -130,6 +130,11 @@ type entry struct {
 	inflight   int32 // calls in flight for this downstream at the last report
 	inflightAt time.Time
 	requests   int64 // the agent's request counter at the last report (it only grows within a process)
+	// demand: what the agent last reported queued and refused for lack of a permit (its counter
+	// since it started), and its lanes; for demand-aware sharing and status only, never counted.
+	waiting int32
+	refused int64
+	lanes   []assignment.LaneState
 
 	// carry is what the pod's previous agent process may still have running after the agent
 	// restarted (its state went backwards): counted on top of everything else until carryUntil.

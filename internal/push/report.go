@@ -32,6 +32,7 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 		r.Holdings = append(r.Holdings, Holding{
 			Pod: e.pod.name, Target: e.target, Granted: e.grant, Counted: counted,
 			InFlight: e.inflight, Synced: s, Gone: !e.present,
+			Waiting: e.waiting, RefusedNoPermit: e.refused, Lanes: e.lanes,
 		})
 		if c.unreachable(e.pod) {
 			r.Unreachable = append(r.Unreachable, e.pod.name)

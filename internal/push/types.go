@@ -102,6 +102,12 @@ type Holding struct {
 	Counted int32
 	// InFlight is what the agent last reported in flight.
 	InFlight int32
+	// Waiting, RefusedNoPermit (since the agent started) and Lanes are what the agent last
+	// reported queued for a permit, refused for lack of one, and per lane: the demand that
+	// demand-aware sharing reads, and the lanes' status. Never counted in the ledger.
+	Waiting         int32
+	RefusedNoPermit int64
+	Lanes           []assignment.LaneState
 	// Synced is true when the agent acknowledged holding the pod's desired permits (0 for a
 	// terminating pod) and that is also what is granted.
 	Synced bool

@@ -67,6 +67,9 @@ type Switch struct {
 type RequestView struct {
 	Method string
 	Header http.Header
+	// Path is the escaped path below the downstream ("/<rest>" or ""); switches ignore it,
+	// priority lanes match on it.
+	Path string
 	// Rand returns uniformly random values; it is used only by switches
 	// without KeyHeader and with Percent below 100. The agent passes
 	// math/rand/v2.Uint32; tests pass a fixed sequence.

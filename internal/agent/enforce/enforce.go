@@ -113,6 +113,7 @@ func New(o Options) *Enforcer {
 	e := &Enforcer{clock: o.Clock, metrics: o.Metrics, log: o.Logger, instance: newInstanceID(), started: o.Clock.Now()}
 	e.table.Store(&Table{byName: map[string]*Downstream{}})
 	o.Metrics.SetSource(e)
+	o.Metrics.SetLaneSource(e)
 	return e
 }
 
@@ -268,6 +269,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 		if nt.byName[name] == nil {
 			removed = append(removed, name)
 			e.metrics.Forget(name)
+			e.metrics.ForgetLanes(name)
 		}
 	}
 	e.epoch, e.gen = a.Epoch, a.Generation
@@ -370,6 +372,9 @@ func (e *Enforcer) MetricsSnapshot() metrics.Snapshot {
 	for _, name := range t.names {
 		ds := t.byName[name]
 		st := ds.Sem.Stats()
+		if ls := ds.Lanes(); ls != nil {
+			st.Waiting += ls.Sem.Stats().Waiting // calls queue in the lanes, not in Sem
+		}
 		bs := -1
 		if b := ds.Breaker(); b != nil {
 			bs = breakerGauge(b, now)

@@ -51,6 +51,8 @@ type Config struct {
 	Fallback       fallback.Config
 	Rate           *ratelimit.Config
 	Breaker        *breaker.Config
+	// Lanes are the downstream's priority lanes (lanes.go); none: one FIFO for every call.
+	Lanes []assignment.Lane
 	// CacheStale is true when the fallback or a switch of this downstream serves stale
 	// responses: GET 2xx responses are then kept in the stale cache.
 	CacheStale bool
@@ -82,6 +84,7 @@ type Downstream struct {
 	cfg       atomic.Pointer[Config]
 	limiter   atomic.Pointer[ratelimit.Limiter]
 	breaker   atomic.Pointer[breaker.Breaker]
+	lanes     atomic.Pointer[LaneSet] // lanes.go
 	effective atomic.Int64
 
 	// The effective limit is min(base, the recovery controller's limit): base is the permits, or
@@ -93,8 +96,10 @@ type Downstream struct {
 	limitMu sync.Mutex
 	base    int
 
+	metricsSet *metrics.Metrics // the lanes' metrics are registered on it
+
 	requests, upstream429, abandoned atomic.Int64
-	rejected                         [6]atomic.Int64 // by metrics.Reason*
+	rejected                         [metrics.NumReasons]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.
@@ -168,8 +173,26 @@ func (d *Downstream) refreshLocked() {
 	}
 	if int64(n) != d.effective.Load() {
 		d.effective.Store(int64(n))
-		d.Sem.SetLimit(n)
+		d.setSemLimits(n)
 	}
+}
+
+// setSemLimits sets the limit of the downstream semaphore and, with priority lanes, of the lane
+// semaphore: the lanes first when lowering, the downstream semaphore first when raising, so that
+// the lanes never grant beyond what the downstream semaphore admits at once.
+func (d *Downstream) setSemLimits(n int) {
+	ls := d.Lanes()
+	if ls == nil {
+		d.Sem.SetLimit(n)
+		return
+	}
+	if n < ls.Sem.Stats().Limit {
+		ls.Sem.SetLimit(n)
+		d.Sem.SetLimit(n)
+		return
+	}
+	d.Sem.SetLimit(n)
+	ls.Sem.SetLimit(n)
 }
 
 // Tick puts in force a recovery limit that changed because a window ended. The data plane calls
@@ -217,7 +240,7 @@ func (d *Downstream) Recovery() (st recovery.Status, ok bool) {
 }
 
 func newDownstream(name string, cfg *Config, m *metrics.Metrics, clk recovery.Clock, now time.Time) *Downstream {
-	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), clk: clk}
+	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), clk: clk, metricsSet: m}
 	d.reconfigure(cfg, now)
 	return d
 }
@@ -238,6 +261,7 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	} else {
 		d.breaker.Store(d.newBreaker(*cfg.Breaker))
 	}
+	d.reconfigureLanes(cfg, d.metricsSet)
 	d.limitMu.Lock()
 	if cfg.Recovery == nil {
 		d.rc.Store(nil)
@@ -264,6 +288,10 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 		Waiting:          int32(st.Waiting),
 		Requests:         d.requests.Load(),
 		Upstream429:      d.upstream429.Load(),
+		Lanes:            d.Lanes().states(),
+	}
+	if ls := d.Lanes(); ls != nil {
+		ds.Waiting += int32(ls.Sem.Stats().Waiting) // calls queue in the lanes, not in Sem
 	}
 	if b := d.Breaker(); b != nil {
 		ds.Breaker = b.State(now).String()
@@ -303,6 +331,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 			Permits: int(d.Permits), SafeDefault: int(d.SafeDefaultPermits), FailClosed: d.FailClosed,
 			AcquireTimeout: d.AcquireTimeout.D(), RequestTimeout: d.RequestTimeout.D(),
 			Fallback:   ConvertFallback(d.Fallback),
+			Lanes:      slices.Clone(d.Lanes),
 			CacheStale: d.Fallback.Action == assignment.ActionServeStale || staleBy[d.Name],
 		}
 		if d.Rate != nil {

@@ -52,7 +52,7 @@ import (
 const namespace = "apportion_agent"
 
 // Reasons a call is not forwarded, as label values; the index is what Downstream.Rejected takes.
-var Reasons = []string{"no-permit", "rate-limited", "circuit-open", "degraded", "queue-full", "deadline-exceeded"}
+var Reasons = [NumReasons]string{"no-permit", "rate-limited", "circuit-open", "degraded", "queue-full", "deadline-exceeded"}
 
 // Actions of a fallback answer, as label values; the index is what Downstream.Fallback takes.
 var Actions = []string{"reject", "static", "serve-stale"}
@@ -68,6 +68,8 @@ const (
 	ReasonDegraded
 	ReasonQueueFull
 	ReasonDeadline
+	// NumReasons is len(Reasons): the size of every per-reason array.
+	NumReasons
 )
 
 const (
@@ -129,6 +131,7 @@ type Metrics struct {
 	inflightD, waitingD, permitsD *prometheus.Desc
 	breakerD, switchD, peakD      *prometheus.Desc
 	leaseExpiredD, generationD    *prometheus.Desc
+	lane                          *laneMetrics // lanes.go
 }
 
 // New creates the metrics in a new registry, with the Go and process collectors. Gauges read
@@ -173,6 +176,7 @@ func New() *Metrics {
 	m.peakD = d("peak_rps_last_minute", "Highest number of calls in one second within the last 60 seconds.", "downstream")
 	m.leaseExpiredD = d("lease_expired", "1 when the agent runs on safe defaults because its lease passed.")
 	m.generationD = d("config_generation", "Generation of the assignment in force (0 for bootstrap or none).")
+	m.lane = newLaneMetrics(m)
 	m.Registry.MustRegister(stateCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -188,7 +192,7 @@ func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
 // Downstream is one downstream's pre-resolved children.
 type Downstream struct {
 	Requests         prometheus.Counter
-	Rejected         [6]prometheus.Counter // by Reason*
+	Rejected         [NumReasons]prometheus.Counter // by Reason*
 	Fallback         [3]prometheus.Counter // by Action*
 	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
 	Upstream429      prometheus.Counter

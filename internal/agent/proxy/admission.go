@@ -46,6 +46,17 @@ type admission struct {
 	at         time.Time
 	// admitted: the breaker's ticket (the zero Ticket when the downstream has no breaker).
 	ticket breaker.Ticket
+	// admitted, on a downstream with lanes: the lane permit held besides the downstream's
+	// (lanes is nil without lanes); released by releaseLane after the downstream's permit.
+	lanes *enforce.LaneSet
+	lane  int
+}
+
+// releaseLane returns the call's lane permit, if it holds one.
+func (a admission) releaseLane() {
+	if a.lanes != nil {
+		a.lanes.Sem.Release(a.lane)
+	}
 }
 
 // admit runs a call to ds, whose configuration is cfg, through the admission pipeline, steps 2 to 6 of the package doc, in
@@ -73,11 +84,23 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 	ds.CountRequest(now)
 	// The wait allowed for a token and a permit together.
 	maxWait := max(budget.Left(start, cfg.AcquireTimeout), 0)
+	// The call's priority lane, when the downstream has lanes: refusals are counted per lane too,
+	// and 5 takes the lane's permit before the downstream's.
+	ls, lane := ds.Lanes(), -1
+	if ls != nil {
+		lane = ls.Match(req.Method, req.Path, req.Header)
+	}
+	countLane := func(reason int) {
+		if ls != nil {
+			ls.CountRejected(lane, reason)
+		}
+	}
 
 	// 2. Degrade switches (1, unknown downstream, is the caller's).
 	if len(t.Switches) > 0 {
 		if sw := degrade.Select(t.Switches, ds.Name, req, now); sw != nil {
 			ds.CountRejected(metrics.ReasonDegraded)
+			countLane(metrics.ReasonDegraded)
 			var retry time.Duration
 			if left := sw.ExpiresAt.Sub(now); left <= maxDegradeRetryAfter {
 				retry = left
@@ -87,6 +110,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 	}
 	refuse := func(reason fallback.Reason, metric int, retryAfter time.Duration, at time.Time) admission {
 		ds.CountRejected(metric)
+		countLane(metric)
 		return admission{verdict: refused, reason: reason, action: &cfg.Fallback, retryAfter: retryAfter, at: at}
 	}
 	// 3. Circuit breaker: an open one refuses here, before a token or a permit is taken. A
@@ -125,13 +149,36 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 			return admission{verdict: appLeft}
 		}
 	}
-	// 5. Permit, then 6, the ticket of a closed or half-open breaker. The recovery limit (a ramp,
-	// an adaptive limit) changes when a window ends: put it in force first.
+	// 5. Permit (the lane's first, when the downstream has lanes), then 6, the ticket of a
+	// closed or half-open breaker. The recovery limit (a ramp, an adaptive limit) changes when a
+	// window ends: put it in force first.
 	ds.Tick()
+	releaseLane := func() {}
+	if ls != nil {
+		if !ls.Sem.TryAcquire(lane) {
+			remaining := maxWait - time.Since(start)
+			if ds.Effective() == 0 || remaining <= 0 {
+				giveBack()
+				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
+			}
+			wctx, cancel := context.WithTimeout(ctx, remaining)
+			err := ls.Sem.Acquire(wctx, lane)
+			cancel()
+			if err != nil {
+				giveBack()
+				if ctx.Err() != nil {
+					return admission{verdict: appLeft}
+				}
+				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
+			}
+		}
+		releaseLane = func() { ls.Sem.Release(lane) }
+	}
 	if !ds.Sem.TryAcquire() {
 		remaining := maxWait - time.Since(start)
 		if ds.Effective() == 0 || remaining <= 0 {
 			giveBack()
+			releaseLane()
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 		}
 		wctx, cancel := context.WithTimeout(ctx, remaining)
@@ -139,6 +186,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 		cancel()
 		if err != nil {
 			giveBack()
+			releaseLane()
 			switch {
 			case errors.Is(err, semaphore.ErrQueueFull):
 				return refuse(fallback.QueueFull, metrics.ReasonQueueFull, 0, clk.Now())
@@ -154,6 +202,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 		var ok bool
 		if tk, retry, ok = br.Allow(now); !ok {
 			ds.Sem.Release()
+			releaseLane()
 			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
 		}
 	}
@@ -165,17 +214,23 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 	// call is not sent late. The permit is returned unused.
 	if waited > 2*cfg.AcquireTimeout+stallSlack {
 		ds.Sem.Release()
+		releaseLane()
 		if haveTicket || br != nil {
 			tk.Cancel()
 		}
 		return admission{verdict: stalled}
 	}
-	return admission{verdict: admitted, ticket: tk}
+	ad := admission{verdict: admitted, ticket: tk}
+	if ls != nil {
+		ad.lanes, ad.lane = ls, lane
+	}
+	return ad
 }
 
 // requestView is what degrade switches look at in r.
 func requestView(r *http.Request) degrade.RequestView {
-	return degrade.RequestView{Method: r.Method, Header: r.Header, Rand: rand.Uint32}
+	_, rest := splitPath(r.URL.EscapedPath())
+	return degrade.RequestView{Method: r.Method, Header: r.Header, Path: rest, Rand: rand.Uint32}
 }
 
 // maxDegradeRetryAfter: a degrade switch that expires within this long gives its expiry as

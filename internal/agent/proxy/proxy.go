@@ -450,7 +450,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.appDeadlines(w, r)
 	defer func() {
 		c.clearDeadlines()
-		c.release()
+		c.release(ad.releaseLane)
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
@@ -490,15 +490,21 @@ func passDeadline(r *http.Request, left time.Duration) {
 // about the downstream's work, not about our wait. Until then the call stays in the in-flight
 // count the agent reports, and the manager's ledger counts it. Both clients have closed the
 // upstream connection of a timed-out call by the time this runs.
-func (c *call) release() {
+func (c *call) release(releaseLane func()) {
+	// The downstream's permit first, then the lane's: the lanes never grant beyond what the
+	// downstream semaphore admits (enforce.LaneSet).
+	free := func() {
+		c.ds.Sem.Release()
+		releaseLane()
+	}
 	hold := c.cfg.AbandonedHold
 	abandoned := isTimeout(c.err) || isTimeout(c.bodyErr)
 	if hold <= 0 || !abandoned || c.appFault {
-		c.ds.Sem.Release()
+		free()
 		return
 	}
 	c.ds.CountAbandoned()
-	c.h.clock.AfterFunc(hold, c.ds.Sem.Release)
+	c.h.clock.AfterFunc(hold, free)
 }
 
 // finish records the outcome; it runs even when the answer to the app is aborted.

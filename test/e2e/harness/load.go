@@ -22,6 +22,9 @@ type LoadConfig struct {
 	Downstream string
 	// WorkersPerAgent call in a closed loop through each agent.
 	WorkersPerAgent int
+	// Workers, when set, is how many of an agent's WorkersPerAgent workers call now (the others
+	// idle): a skewed or changing load. Read before every call.
+	Workers func(a *Agent) int
 	// Think is the pause between a worker's calls.
 	Think time.Duration
 	// Timeout bounds one call.
@@ -124,8 +127,8 @@ func (l *Load) run(ctx context.Context) {
 			}
 			actx, cancel := context.WithCancel(ctx)
 			workers[a] = running{cancel: cancel}
-			for range l.cfg.WorkersPerAgent {
-				wg.Go(func() { l.worker(actx, a) })
+			for i := range l.cfg.WorkersPerAgent {
+				wg.Go(func() { l.worker(actx, a, i) })
 			}
 		}
 		for a, r := range workers {
@@ -147,12 +150,16 @@ func (l *Load) run(ctx context.Context) {
 	}
 }
 
-func (l *Load) worker(ctx context.Context, a *Agent) {
+func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 	url := a.DataURL(l.cfg.Downstream) + "/work"
 	for ctx.Err() == nil && !a.Draining() && !l.stopping.Load() {
 		if l.cfg.MaxRequests > 0 && l.requests.Load() >= l.cfg.MaxRequests {
 			l.cancel()
 			return
+		}
+		if l.cfg.Workers != nil && i >= l.cfg.Workers(a) {
+			sleepCtx(ctx, 20*time.Millisecond)
+			continue
 		}
 		if a.Suspended() && !l.cfg.CallSuspended {
 			// Its app is frozen with it (SIGSTOP of the pod's processes).
