@@ -193,8 +193,8 @@ func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
 type Downstream struct {
 	Requests         prometheus.Counter
 	Rejected         [NumReasons]prometheus.Counter // by Reason*
-	Fallback         [3]prometheus.Counter // by Action*
-	Upstream         [6]prometheus.Counter // by ClassOf / ClassError
+	Fallback         [3]prometheus.Counter          // by Action*
+	Upstream         [6]prometheus.Counter          // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
 	Abandoned        prometheus.Counter
 	UpstreamDuration prometheus.Observer
