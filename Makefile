@@ -139,6 +139,10 @@ bench-proxy: ## The agent beside HAProxy and nginx (installed from the distribut
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=Convergence -benchtime=1x -timeout=20m ./test/e2e/
 
+.PHONY: bench-scale
+bench-scale: ## One manager, many pods and quotas (simulated agents): convergence, RSS, CPU, API and push rates; SCALE_CONFIGS=100x1,1000x100,10000x1000.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=Scale -benchtime=1x -timeout=120m -v ./test/scale/
+
 ##@ Build
 
 .PHONY: build

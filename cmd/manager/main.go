@@ -46,6 +46,7 @@ type options struct {
 	metricsAddr      string
 	metricsSecure    bool
 	probeAddr        string
+	pprofAddr        string
 	leaderElect      bool
 	managerNamespace string
 	watchNamespace   string
@@ -69,6 +70,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
 		"serve metrics over HTTPS and only to callers the API server authenticates and authorizes (get on the /metrics non-resource URL); false serves plain HTTP to anyone")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to; 0 disables them")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address net/http/pprof binds to (e.g. 127.0.0.1:6060), for profiling; empty disables it")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run under leader election so that only one manager pushes at a time")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", envOr("POD_NAMESPACE", "apportion-system"),
 		"namespace of the manager's own objects: leader election Lease, epoch ConfigMap, signing key Secret, webhook certificate Secret")
@@ -162,6 +164,7 @@ func run(args []string) error {
 		Scheme:                  scheme,
 		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "manager.apportion.io",
 		LeaderElectionNamespace: o.managerNamespace,
