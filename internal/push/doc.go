@@ -10,7 +10,26 @@
 // controller read SwitchApplied. Options.OnChange tells the controllers when a quota's Report
 // changed. SigningKeys manages the Secret with the manager's Ed25519 signing keys (its own namespace only).
 //
-// Structure: core (core.go, ledger.go, planner.go) is a deterministic state machine without
-// I/O, goroutines or clock reads; Engine (engine.go) runs it under one mutex with a bounded
-// worker pool, a timer-driven scheduler and a notifier, and never holds the mutex during I/O.
+// Structure: core is a deterministic state machine without I/O, goroutines or clock reads (every
+// method takes now); Engine (engine.go) runs it under one mutex with a bounded worker pool, a
+// timer-driven scheduler and a notifier, and never holds the mutex during I/O. A change flows
+// intake → replan → content → schedule → request → agent state → replan, and the files follow it:
+//
+//	types.go       the API the controllers use: DesiredQuota, DesiredPod, Report, Holding, Event
+//	options.go     Options, AgentClient, EpochSource and their defaults
+//	engine.go      Engine: the Runnable that drives core (mutex, workers, timers, notifier)
+//	core.go        core's state and its flush loop (mark quotas to replan, pods to rebuild)
+//	intake.go      SetQuota / DeleteQuota → desired state; pods leaving every quota
+//	ledger.go      the ledger's records (quotaState, entry, podState, version) and held, the
+//	               bound of what a pod may be using (docs/protocol.md, "Why Σ ≤ limit holds")
+//	replan.go      ledger → planner glue: targets, who may be raised, replan, rebalance done
+//	planner.go     plan: the pure function that decides one quota's grants
+//	content.go     a pod's Assignment built from its quotas' grants, downstreams and switches
+//	schedule.go    which request a pod needs next and when; ready queues, timers, backoff
+//	requests.go    a request's lifecycle: startWork reserves, finishWork applies the outcome
+//	agentstate.go  reading an agent's State: holdings, restarts (carry), forgotten generations
+//	report.go      Report, change detection for OnChange, Events, SwitchApplied counts
+//	metrics.go     the engine's Prometheus metrics
+//	epoch.go       ConfigMapEpoch, the fencing epoch counter
+//	signing.go, credentials.go  SigningClient and SigningKeys (the manager's Ed25519 keys)
 package push

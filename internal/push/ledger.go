@@ -1,6 +1,8 @@
 package push
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -94,6 +96,25 @@ func (q *quotaState) entryList() []*entry {
 		q.resort = false
 	}
 	return q.sorted
+}
+
+// entryList is the pod's entries by quota name.
+func (p *podState) entryList() []*entry {
+	es := make([]*entry, 0, len(p.entries))
+	for _, e := range p.entries {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(a.q.key.Name, b.q.key.Name) })
+	return es
+}
+
+func sortEntries(es []*entry) {
+	slices.SortFunc(es, func(a, b *entry) int {
+		if c := cmp.Compare(a.pod.name, b.pod.name); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pod.uid, b.pod.uid)
+	})
 }
 
 // entry is one pod's line in one quota's ledger.

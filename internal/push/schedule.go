@@ -1,0 +1,226 @@
+package push
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"time"
+)
+
+// This file holds scheduling: which request each pod needs next and when (push, probe, poll),
+// the ready queues by priority, the timer heap, renewal jitter and retry backoff.
+
+// pushWanted says whether the pod's content should be sent. An agent that holds nothing gets
+// its first assignment only once each downstream it should call has a permit (until then its
+// /readyz is false and it gets no traffic), and nothing at all if it is only leaving.
+func (c *core) pushWanted(p *podState) bool {
+	if p.content == nil {
+		return false
+	}
+	if p.configured || len(p.versions) > 0 {
+		return true
+	}
+	if len(p.entries) == 0 {
+		return false
+	}
+	live := false
+	for _, e := range p.entries {
+		if !e.present || e.terminating {
+			continue
+		}
+		live = true
+		if c.target(e) > 0 && e.grant == 0 {
+			return false
+		}
+	}
+	return live
+}
+
+func draining(p *podState) bool {
+	for _, e := range p.entries {
+		if e.inflight > e.grant {
+			return true
+		}
+	}
+	return false
+}
+
+// due is the pod's next request and when it is due; kindNone when there is nothing to do.
+func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
+	if p.removed || p.busy != nil || !c.started || c.fenced || p.endpoint == "" {
+		return time.Time{}, kindNone
+	}
+	if !p.known {
+		return maxTime(now, p.retryAt), kindProbe
+	}
+	var at time.Time
+	kind := kindNone
+	if c.pushWanted(p) {
+		kind = kindPush
+		switch {
+		case p.failures > 0:
+			at = p.retryAt
+		case p.content.Generation != p.okGen:
+			at = now
+		default:
+			at = p.renewAt
+		}
+	}
+	if draining(p) {
+		pt := p.pollAt
+		if p.failures > 0 {
+			pt = maxTime(pt, p.retryAt)
+		}
+		if kind == kindNone || pt.Before(at) {
+			at, kind = pt, kindPoll
+		}
+	}
+	if kind == kindNone && c.mayHoldLateForeign(p) {
+		// Ask again once no push of the previous manager can land any more.
+		at, kind = maxTime(c.start.Add(c.o.PushTimeout+c.o.AcceptGrace), p.retryAt), kindProbe
+	}
+	return maxTime(at, now), kind
+}
+
+// priority orders ready work: lowerings first (they free room for everyone), then probes and
+// other changes, then renewals and polls.
+func (c *core) priority(p *podState, kind workKind) int {
+	if kind != kindPush || p.content.Generation == p.okGen {
+		if kind == kindProbe {
+			return 1
+		}
+		return 2
+	}
+	if n := len(p.versions); n > 0 {
+		last := p.versions[n-1]
+		for _, e := range p.entries {
+			if h, ok := last.holds[e.q.key.Name]; ok && e.grant < h.permits {
+				return 0
+			}
+		}
+	}
+	return 1
+}
+
+func (c *core) schedule(p *podState, now time.Time) {
+	if p.queued || p.busy != nil || p.removed {
+		return
+	}
+	at, kind := c.due(p, now)
+	if kind == kindNone {
+		p.wakeAt = time.Time{}
+		return
+	}
+	if !at.After(now) {
+		p.queued = true
+		pr := c.priority(p, kind)
+		c.ready[pr] = append(c.ready[pr], p)
+		return
+	}
+	if !p.wakeAt.Equal(at) {
+		p.wakeAt = at
+		heap.Push(&c.timers, timerItem{at: at, pod: p})
+	}
+}
+
+// advance fires every timer that is due: pods whose request is due, quotas whose ledger
+// changed by itself (a lease lapsed, calls ended, recovery ended).
+func (c *core) advance(now time.Time) {
+	for c.timers.Len() > 0 && !c.timers[0].at.After(now) {
+		it := heap.Pop(&c.timers).(timerItem)
+		switch {
+		case it.pod != nil:
+			if it.pod.wakeAt.Equal(it.at) {
+				it.pod.wakeAt = time.Time{}
+				c.schedule(it.pod, now)
+			}
+		case it.q != nil:
+			if it.q.wakeAt.Equal(it.at) {
+				it.q.wakeAt = time.Time{}
+				c.markQuota(it.q)
+			}
+		}
+	}
+	c.flush(now)
+	if c.timers.Len() > 4*(len(c.pods)+len(c.quotas))+64 {
+		c.compactTimers()
+	}
+}
+
+func (c *core) compactTimers() {
+	live := c.timers[:0]
+	for _, it := range c.timers {
+		if (it.pod != nil && it.pod.wakeAt.Equal(it.at) && !it.pod.removed) || (it.q != nil && it.q.wakeAt.Equal(it.at)) {
+			live = append(live, it)
+		}
+	}
+	c.timers = live
+	heap.Init(&c.timers)
+}
+
+// nextWake is the time of the earliest timer; zero if none.
+func (c *core) nextWake() time.Time {
+	if c.timers.Len() == 0 {
+		return time.Time{}
+	}
+	return c.timers[0].at
+}
+
+func (c *core) hasReady() bool {
+	return len(c.ready[0])+len(c.ready[1])+len(c.ready[2]) > 0
+}
+
+func (c *core) popReady() *podState {
+	for i := range c.ready {
+		if len(c.ready[i]) > 0 {
+			p := c.ready[i][0]
+			c.ready[i][0] = nil
+			c.ready[i] = c.ready[i][1:]
+			return p
+		}
+	}
+	return nil
+}
+
+// renewDelay is the time to the next renewal: RenewEvery less up to a quarter, at random, so
+// that pods pushed together (a rebalance) do not renew in one burst forever. Renewing early is
+// always safe.
+func (c *core) renewDelay() time.Duration {
+	if c.o.jitter != nil {
+		return c.o.RenewEvery // deterministic tests
+	}
+	return c.o.RenewEvery - rand.N(c.o.RenewEvery/4+1)
+}
+
+func (c *core) backoff(failures int) time.Duration {
+	d := c.o.RetryBase
+	for i := 1; i < failures && d < c.o.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, c.o.RetryMax)
+	if c.o.jitter != nil {
+		return c.o.jitter(d)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// timerHeap orders the engine's timers; entries are invalidated lazily (their at no longer
+// matches the pod's or quota's wakeAt).
+type timerItem struct {
+	at  time.Time
+	pod *podState
+	q   *quotaState
+}
+
+type timerHeap []timerItem
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerItem)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = timerItem{}
+	*h = old[:len(old)-1]
+	return it
+}
