@@ -2,6 +2,7 @@ package push
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -276,24 +277,40 @@ func (e *Engine) worker(ctx context.Context) {
 		to := assignment.Endpoint{URL: w.endpoint, Pod: w.pod.namespace + "/" + w.pod.name}
 		epoch := e.c.epoch
 		e.mu.Unlock()
-		st, err := e.do(ctx, w, to, epoch)
+		st, body, err := e.do(ctx, w, to, epoch)
 		e.mu.Lock()
 		if e.stopping {
 			return
 		}
+		e.c.encoded(w, body)
 		e.c.finishWork(w, st, err, e.clock.Now())
 		e.afterLocked()
 	}
 }
 
-// do sends one request, bounded by PushTimeout, and records its metrics.
-func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
+// do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
+// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded).
+func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, []byte, error) {
 	rctx, cancel := context.WithTimeout(ctx, e.o.PushTimeout)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
 	var err error
-	if w.kind == kindPush {
+	body := w.body
+	if ep, ok := e.o.Client.(EncodedPusher); ok && w.kind == kindPush {
+		if body == nil {
+			if err = w.a.Validate(); err != nil {
+				err = fmt.Errorf("refusing to push an invalid assignment: %w", err)
+			} else {
+				body, err = json.Marshal(w.a)
+			}
+		}
+		if err == nil {
+			st, err = ep.PushEncoded(rctx, to, w.a, body)
+		} else {
+			body = nil
+		}
+	} else if w.kind == kindPush {
 		st, err = e.o.Client.Push(rctx, to, w.a)
 	} else {
 		st, err = e.o.Client.State(rctx, to, epoch)
@@ -317,7 +334,7 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 		result = resultError
 	}
 	e.m.request(w.kind, result, time.Since(start).Seconds())
-	return st, err
+	return st, body, err
 }
 
 func (e *Engine) notifier(ctx context.Context) {
