@@ -55,6 +55,7 @@ type options struct {
 	renewEvery       time.Duration
 	pushTimeout      time.Duration
 	pushWorkers      int
+	quotaWorkers     int
 	keyRotation      time.Duration
 	keyOverlap       time.Duration
 	trustConfigMap   string
@@ -80,6 +81,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.renewEvery, "renew-every", push.DefaultRenewEvery, "how often every agent's lease is renewed")
 	fs.DurationVar(&o.pushTimeout, "push-timeout", push.DefaultPushTimeout, "bound on one control request to an agent")
 	fs.IntVar(&o.pushWorkers, "push-workers", push.DefaultWorkers, "control requests in flight at once")
+	fs.IntVar(&o.quotaWorkers, "quota-workers", controller.DefaultQuotaWorkers, "DownstreamQuotas reconciled at once (a quota is never reconciled twice at once)")
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
 	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
@@ -106,6 +108,9 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	if o.pushTimeout <= 0 || o.renewEvery <= 0 || o.renewEvery+o.pushTimeout >= o.leaseTTL {
 		errs = append(errs, fmt.Errorf("--renew-every (%s) + --push-timeout (%s) must be positive and below --lease-ttl (%s), so a renewal can be retried before the lease passes",
 			o.renewEvery, o.pushTimeout, o.leaseTTL))
+	}
+	if o.quotaWorkers < 1 {
+		errs = append(errs, fmt.Errorf("--quota-workers must be at least 1, got %d", o.quotaWorkers))
 	}
 	if o.pushWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--push-workers must be at least 1, got %d", o.pushWorkers))
@@ -250,6 +255,7 @@ func run(args []string) error {
 		Pusher:   engine,
 		Clock:    clock.RealClock{},
 		Changes:  quotaChanges,
+		Workers:  o.quotaWorkers,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("DownstreamQuota controller: %w", err)
 	}

@@ -35,6 +35,7 @@ type simAgent struct {
 	want    int32     // the permits the current event should bring
 	since   time.Time // when the event's HPA write for this agent's quota was issued
 	reached time.Time // when an accepted push first made the agent enforce want; zero until then
+	arrived time.Time // when the first push after since arrived; zero until then
 }
 
 // observer is the control API's Backend: the real Enforcer, with every Apply's outcome noted.
@@ -68,7 +69,7 @@ func (a *simAgent) note(st assignment.State) {
 // expect arms the agent for an event: it has reached want once an accepted push says so.
 func (a *simAgent) expect(want int32) {
 	a.mu.Lock()
-	a.want, a.reached, a.since = want, time.Time{}, time.Time{}
+	a.want, a.reached, a.since, a.arrived = want, time.Time{}, time.Time{}, time.Time{}
 	a.mu.Unlock()
 	// It may hold want already (no push will come then): look at its state now.
 	st := a.enf.State()
@@ -91,6 +92,16 @@ func (a *simAgent) latency() (time.Duration, bool) {
 	return max(a.reached.Sub(a.since), 0), true
 }
 
+// firstPush is from the agent's quota's HPA write to the first push that reached it after.
+func (a *simAgent) firstPush() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.arrived.IsZero() || a.since.IsZero() {
+		return 0
+	}
+	return a.arrived.Sub(a.since)
+}
+
 func (a *simAgent) done() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -107,6 +118,11 @@ func (c countingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case assignment.PathAssignment:
 		c.a.puts.Add(1)
+		c.a.mu.Lock()
+		if !c.a.since.IsZero() && c.a.arrived.IsZero() {
+			c.a.arrived = time.Now()
+		}
+		c.a.mu.Unlock()
 	case assignment.PathState:
 		c.a.gets.Add(1)
 	}

@@ -254,14 +254,17 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		// the acks belong to the change.
 		_ = sleep(ctx, time.Until(start.Add(conv+3*time.Second)))
 		m1 := measure(pid, proxy, fleet)
-		var evLat []time.Duration
+		var evLat, first []time.Duration
 		for _, a := range agents {
 			d, _ := a.latency()
 			evLat = append(evLat, d)
+			first = append(first, a.firstPush())
 		}
 		slices.Sort(evLat)
-		b.Logf("%s event %d (%d→%d permits): p50 %s p99 %s max %s; write phase %s; load %s", c, ev, permits(int32(perQuota)+up-desired), want,
-			pct(evLat, 0.5), pct(evLat, 0.99), pct(evLat, 1), conv.Round(time.Millisecond), m1.load)
+		slices.Sort(first)
+		b.Logf("%s event %d (%d→%d permits): p50 %s p99 %s max %s (first push arrived: p50 %s p99 %s); write phase %s; load %s", c, ev,
+			permits(int32(perQuota)+up-desired), want, pct(evLat, 0.5), pct(evLat, 0.99), pct(evLat, 1), pct(first, 0.5), pct(first, 0.99),
+			conv.Round(time.Millisecond), m1.load)
 		if ev == 0 {
 			_ = sleep(ctx, 2*time.Second)
 			continue
