@@ -40,11 +40,11 @@ import (
 )
 
 // DefaultQuotaWorkers is how many DownstreamQuotas are reconciled at once by default.
-const DefaultQuotaWorkers = 16
+const DefaultQuotaWorkers = 32
 
 // StatusRefreshDelay is how long a quota's status refresh for the push engine's changes (acks,
 // failures, convergence) waits, gathering the changes that follow.
-const StatusRefreshDelay = 250 * time.Millisecond
+const StatusRefreshDelay = time.Second
 
 // Pusher delivers each pod's permits to its agent and reports what the pods hold. The push
 // engine (internal/push) implements it; nil means the manager only computes and reports.

@@ -36,6 +36,7 @@ type simAgent struct {
 	since   time.Time // when the event's HPA write for this agent's quota was issued
 	reached time.Time // when an accepted push first made the agent enforce want; zero until then
 	arrived time.Time // when the first push after since arrived; zero until then
+	written time.Time // when the API server answered the HPA write
 }
 
 // observer is the control API's Backend: the real Enforcer, with every Apply's outcome noted.
@@ -69,7 +70,7 @@ func (a *simAgent) note(st assignment.State) {
 // expect arms the agent for an event: it has reached want once an accepted push says so.
 func (a *simAgent) expect(want int32) {
 	a.mu.Lock()
-	a.want, a.reached, a.since, a.arrived = want, time.Time{}, time.Time{}, time.Time{}
+	a.want, a.reached, a.since, a.arrived, a.written = want, time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	a.mu.Unlock()
 	// It may hold want already (no push will come then): look at its state now.
 	st := a.enf.State()
@@ -92,14 +93,21 @@ func (a *simAgent) latency() (time.Duration, bool) {
 	return max(a.reached.Sub(a.since), 0), true
 }
 
-// firstPush is from the agent's quota's HPA write to the first push that reached it after.
-func (a *simAgent) firstPush() time.Duration {
+// firstPush is from the API server's answer to the agent's quota's HPA write to the first push
+// that reached the agent after; write is the HPA write's own latency.
+func (a *simAgent) firstPush() (push, write time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.arrived.IsZero() || a.since.IsZero() {
-		return 0
+	if a.arrived.IsZero() || a.written.IsZero() {
+		return 0, 0
 	}
-	return a.arrived.Sub(a.since)
+	return a.arrived.Sub(a.written), a.written.Sub(a.since)
+}
+
+func (a *simAgent) setWritten(t time.Time) {
+	a.mu.Lock()
+	a.written = t
+	a.mu.Unlock()
 }
 
 func (a *simAgent) done() bool {

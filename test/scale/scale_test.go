@@ -10,6 +10,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -18,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
@@ -95,6 +99,7 @@ func BenchmarkScale(b *testing.B) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		b.Skip(harness.ErrNoAssets.Error())
 	}
+	ctrllog.SetLogger(logr.Discard())
 	bin, err := harness.Build(b.Context())
 	if err != nil {
 		b.Fatal(err)
@@ -157,6 +162,11 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	var extra []string
 	if addr := os.Getenv("SCALE_PPROF"); addr != "" && bin.ManagerHas("pprof-bind-address") {
 		extra = append(extra, "--pprof-bind-address="+addr)
+	}
+	metricsAddr := os.Getenv("SCALE_METRICS")
+	if metricsAddr != "" {
+		extra = append(extra, "--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
+		defer func() { logMetrics(b, metricsAddr) }()
 	}
 	mgr, err := harness.NewManager(bin, cp, dir, harness.ManagerOptions{
 		LeaseTTL: 10 * time.Second, RenewEvery: 3 * time.Second, PushTimeout: time.Second,
@@ -242,7 +252,12 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 			for _, a := range qa {
 				a.setSince(at)
 			}
-			return setHPA(ctx, cp.Client, ns(q), desired, int32(perQuota))
+			err := setHPA(ctx, cp.Client, ns(q), desired, int32(perQuota))
+			done := time.Now()
+			for _, a := range qa {
+				a.setWritten(done)
+			}
+			return err
 		}); err != nil {
 			b.Fatal(err)
 		}
@@ -254,17 +269,19 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		// the acks belong to the change.
 		_ = sleep(ctx, time.Until(start.Add(conv+3*time.Second)))
 		m1 := measure(pid, proxy, fleet)
-		var evLat, first []time.Duration
+		var evLat, first, write []time.Duration
 		for _, a := range agents {
 			d, _ := a.latency()
 			evLat = append(evLat, d)
-			first = append(first, a.firstPush())
+			f, w := a.firstPush()
+			first, write = append(first, f), append(write, w)
 		}
 		slices.Sort(evLat)
 		slices.Sort(first)
-		b.Logf("%s event %d (%d→%d permits): p50 %s p99 %s max %s (first push arrived: p50 %s p99 %s); write phase %s; load %s", c, ev,
-			permits(int32(perQuota)+up-desired), want, pct(evLat, 0.5), pct(evLat, 0.99), pct(evLat, 1), pct(first, 0.5), pct(first, 0.99),
-			conv.Round(time.Millisecond), m1.load)
+		slices.Sort(write)
+		b.Logf("%s event %d (%d→%d permits): p50 %s p99 %s max %s (of which the HPA write p50 %s p99 %s; from its answer to the first push p50 %s p99 %s); write phase %s; load %s",
+			c, ev, permits(int32(perQuota)+up-desired), want, pct(evLat, 0.5), pct(evLat, 0.99), pct(evLat, 1), pct(write, 0.5), pct(write, 0.99),
+			pct(first, 0.5), pct(first, 0.99), conv.Round(time.Millisecond), m1.load)
 		if ev == 0 {
 			_ = sleep(ctx, 2*time.Second)
 			continue
@@ -585,4 +602,24 @@ func jsonSize(v any) int {
 		return 0
 	}
 	return len(b)
+}
+
+// logMetrics logs the manager's work queue and reconcile figures of the DownstreamQuota
+// controller (SCALE_METRICS).
+func logMetrics(b *testing.B, addr string) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Logf("metrics: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if (strings.Contains(l, `"downstreamquota"`) && (strings.Contains(l, "_sum") || strings.Contains(l, "_count"))) ||
+			strings.HasPrefix(l, "apportion_manager_pushes_total") || strings.HasPrefix(l, "apportion_manager_quiet") {
+			lines = append(lines, l)
+		}
+	}
+	b.Logf("manager metrics:\n%s", strings.Join(lines, "\n"))
 }
