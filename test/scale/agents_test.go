@@ -3,7 +3,6 @@ package scale
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -19,15 +18,15 @@ import (
 )
 
 // simAgent is one pod's agent: the real enforcer (internal/agent/enforce) behind the real control
-// API handler (internal/agent/control) with Ed25519 verification, served by its own http.Server
-// on its own loopback address, as cmd/agent wires them. Only the data plane is left out: nothing
+// API handler (internal/agent/control) with Ed25519 verification, on its own loopback address,
+// as cmd/agent wires them. Only the data plane is left out: nothing
 // calls the downstream in this benchmark. Many of them share the benchmark's process.
 type simAgent struct {
 	ns, pod string
 	ds      string // the downstream (quota) name whose permits are watched
 	addr    *net.TCPAddr
 	enf     *enforce.Enforcer
-	srv     *http.Server
+	h       http.Handler // the control API
 
 	puts, gets atomic.Int64
 
@@ -116,68 +115,96 @@ func (a *simAgent) done() bool {
 	return !a.reached.IsZero()
 }
 
-// countingHandler counts the control requests by kind.
-type countingHandler struct {
-	a *simAgent
-	h http.Handler
-}
-
-func (c countingHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch r.URL.Path {
-	case assignment.PathAssignment:
-		c.a.puts.Add(1)
-		c.a.mu.Lock()
-		if !c.a.since.IsZero() && c.a.arrived.IsZero() {
-			c.a.arrived = time.Now()
-		}
-		c.a.mu.Unlock()
-	case assignment.PathState:
-		c.a.gets.Add(1)
-	}
-	c.h.ServeHTTP(w, r)
-}
-
-// agentFleet is every simulated agent, on 127.<b>.x.y (a /16 of loopback of its own; ports are
-// chosen by the kernel, so nothing another test binds can collide).
+// agentFleet is every simulated agent, each on its own address 127.<b>.x.y (a /16 of loopback
+// of its own). One listening socket, on the wildcard address and a port the kernel chooses,
+// accepts for all of them (a socket per agent would take twice the file descriptors at 10,000
+// agents); each connection goes to the agent whose address it was made to, and a connection to
+// any other address is closed.
 type agentFleet struct {
 	b      int
+	ln     net.Listener
+	port   int
+	srv    *http.Server
 	agents []*simAgent
+	byIP   map[string]*simAgent // written before the listener serves the agent's address
+	mu     sync.RWMutex
 	trust  atomic.Pointer[assignment.TrustSet]
 	quiet  *slog.Logger
 }
 
-func newFleet() *agentFleet {
-	return &agentFleet{b: 241 + rand.IntN(14), quiet: slog.New(slog.DiscardHandler)}
+type agentKey struct{}
+
+func newFleet() (*agentFleet, error) {
+	f := &agentFleet{b: 241 + rand.IntN(14), quiet: slog.New(slog.DiscardHandler), byIP: map[string]*simAgent{}}
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		return nil, err
+	}
+	f.ln, f.port = ln, ln.Addr().(*net.TCPAddr).Port
+	f.srv = &http.Server{
+		Handler:           http.HandlerFunc(f.serve),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(f.quiet.Handler(), slog.LevelDebug),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ip := c.LocalAddr().(*net.TCPAddr).IP.String()
+			f.mu.RLock()
+			a := f.byIP[ip]
+			f.mu.RUnlock()
+			return context.WithValue(ctx, agentKey{}, a)
+		},
+	}
+	go func() {
+		if err := f.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			panic(err)
+		}
+	}()
+	return f, nil
+}
+
+func (f *agentFleet) serve(w http.ResponseWriter, r *http.Request) {
+	a, _ := r.Context().Value(agentKey{}).(*simAgent)
+	if a == nil {
+		// Not one of the fleet's addresses: nobody else is served on this socket.
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				_ = c.Close()
+				return
+			}
+		}
+		http.NotFound(w, r)
+		return
+	}
+	switch r.URL.Path {
+	case assignment.PathAssignment:
+		a.puts.Add(1)
+		a.mu.Lock()
+		if !a.since.IsZero() && a.arrived.IsZero() {
+			a.arrived = time.Now()
+		}
+		a.mu.Unlock()
+	case assignment.PathState:
+		a.gets.Add(1)
+	}
+	a.h.ServeHTTP(w, r)
 }
 
 func (f *agentFleet) setTrust(ts assignment.TrustSet) { f.trust.Store(&ts) }
 
 // start starts an agent for pod ns/name, watching downstream ds, on the fleet's i-th address.
 func (f *agentFleet) start(i int, ns, name, ds string) (*simAgent, error) {
-	ip := fmt.Sprintf("127.%d.%d.%d", f.b, i/250, i%250+1)
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		return nil, err
-	}
-	a := &simAgent{ns: ns, pod: name, ds: ds, addr: ln.Addr().(*net.TCPAddr)}
+	ip := net.IPv4(127, byte(f.b), byte(i/250), byte(i%250+1))
+	a := &simAgent{ns: ns, pod: name, ds: ds, addr: &net.TCPAddr{IP: ip, Port: f.port}}
 	a.enf = enforce.New(enforce.Options{Logger: f.quiet})
-	h := control.New(control.Options{
+	a.h = control.New(control.Options{
 		Backend: observer{Enforcer: a.enf, a: a},
 		Trust:   func() assignment.TrustSet { return *f.trust.Load() },
 		Pod:     ns + "/" + name,
 		Logger:  f.quiet,
 	})
-	a.srv = &http.Server{
-		Handler:           countingHandler{a: a, h: h},
-		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(f.quiet.Handler(), slog.LevelDebug),
-	}
-	go func() {
-		if err := a.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			panic(err)
-		}
-	}()
+	f.mu.Lock()
+	f.byIP[ip.String()] = a
+	f.mu.Unlock()
 	f.agents = append(f.agents, a)
 	return a, nil
 }
@@ -188,16 +215,7 @@ func (a *simAgent) port() string { return strconv.Itoa(a.addr.Port) }
 func (f *agentFleet) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	for _, a := range f.agents {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			_ = a.srv.Shutdown(ctx)
-		})
-	}
-	wg.Wait()
+	_ = f.srv.Shutdown(ctx)
 }
 
 // requests is the control requests every agent received so far: pushes (PUT) and state reads.
