@@ -133,6 +133,7 @@ type result struct {
 	statusBytes               int
 	statusWritesPerQuotaEvent float64
 	loadIdle, loadChange      string
+	timeouts                  int // events in which some agent never got there (SCALE_EVENT_TIMEOUT)
 }
 
 type rate struct{ total, writes, status, events float64 }
@@ -221,7 +222,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		b.Fatal(err)
 	}
 	b.Logf("%s: %d pods and %d quotas created in %s", c, c.pods, c.quotas, time.Since(t0).Round(time.Millisecond))
-	if _, err := waitAgents(ctx, agents, 5*time.Minute); err != nil {
+	if _, err := waitAgents(ctx, agents, envDuration(b, "SCALE_SETUP_TIMEOUT", 10*time.Minute)); err != nil {
 		b.Fatalf("initial permits: %v", err)
 	}
 	r := result{cfg: c, setup: time.Since(t0)}
@@ -269,9 +270,13 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		}); err != nil {
 			b.Fatal(err)
 		}
-		conv, err := waitAgents(ctx, agents, 2*time.Minute)
+		evTimeout := envDuration(b, "SCALE_EVENT_TIMEOUT", 2*time.Minute)
+		conv, err := waitAgents(ctx, agents, evTimeout)
 		if err != nil {
-			b.Fatalf("event %d: %v", ev, err)
+			// Measured as it stands: an agent not there yet counts as the timeout (a lower bound).
+			b.Logf("%s event %d: %v; counted at %s", c, ev, err, evTimeout)
+			r.timeouts++
+			conv = evTimeout
 		}
 		// The window closes 3 s after the last agent: the status writes and Events that follow
 		// the acks belong to the change.
@@ -279,7 +284,10 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		m1 := measure(pid, proxy, fleet)
 		var evLat, first, write []time.Duration
 		for _, a := range agents {
-			d, _ := a.latency()
+			d, ok := a.latency()
+			if !ok {
+				d = evTimeout
+			}
 			evLat = append(evLat, d)
 			f, w := a.firstPush()
 			first, write = append(first, f), append(write, w)
@@ -578,6 +586,11 @@ func table(rows []result) string {
 			r.cfg, r.p50, r.p99, r.max, r.n, float64(r.rss)/(1<<20), float64(r.hwm)/(1<<20), r.idleCPU*1000,
 			r.idleCPU*1000/float64(r.cfg.pods), r.changeCPU*1000, r.idleAPI.total, r.changeAPI.total,
 			r.statusWritesPerQuotaEvent, r.idlePushes, r.changePushes, float64(r.statusBytes)/1024, r.setup.Round(time.Second), r.loadIdle, r.loadChange)
+	}
+	for _, r := range rows {
+		if r.timeouts > 0 {
+			fmt.Fprintf(&s, "%s: in %d events some agents did not get their permits within SCALE_EVENT_TIMEOUT; counted at it (a lower bound)\n", r.cfg, r.timeouts)
+		}
 	}
 	s.WriteString("\nAPI columns are requests/s caused by the manager (watches count once, when opened); st.w/q/ev is\n" +
 		"status writes per quota per event; psh is pushes/s the agents received; stat KB is one quota's status.\n\nTargets:\n")
