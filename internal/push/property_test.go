@@ -52,9 +52,9 @@ func TestLedgerProperty(t *testing.T) {
 // TestLedgerProperty (the same checks run). The runs must take the fast path (else the test
 // would check nothing).
 func TestQuietRenewalProperty(t *testing.T) {
-	seeds := 120
+	seeds := 40
 	if testing.Short() {
-		seeds = 30
+		seeds = 10
 	}
 	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
 		seeds = n
