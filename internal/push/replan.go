@@ -96,8 +96,8 @@ func (c *core) planEntry(e *entry, h, ph, carry int32) planEntry {
 	return planEntry{Name: e.pod.name, Grant: e.grant, Target: c.target(e), Held: h, Phantom: ph, Carry: carry, CanRaise: c.canRaise(e)}
 }
 
-// planInput is what replan would hand the planner for entries (q's entry list) now.
-func (c *core) planInput(q *quotaState, entries []*entry, now time.Time) []planEntry {
+// planInput is what replan would hand the planner for entries (a quota's entry list) now.
+func (c *core) planInput(entries []*entry, now time.Time) []planEntry {
 	pe := make([]planEntry, len(entries))
 	for i, e := range entries {
 		h, ph, carry, _ := c.held(e, now)

@@ -236,7 +236,7 @@ func (c *core) quietCounts(p *podState, now time.Time) []int32 {
 	var out []int32
 	for _, e := range p.entryList() {
 		entries := e.q.entryList()
-		pe := c.planInput(e.q, entries, now)
+		pe := c.planInput(entries, now)
 		grants := plan(e.q.desired.Limit, c.recovering(e.q, now), pe)
 		for i, x := range entries {
 			if x == e {

@@ -568,7 +568,7 @@ func waitTrust(ctx context.Context, c client.Client, ns string, timeout time.Dur
 			return assignment.NewTrustSet(keys...)
 		}
 		if time.Now().After(deadline) {
-			return assignment.TrustSet{}, fmt.Errorf("no trust ConfigMap in %s after %s (last error: %v)", ns, timeout, err)
+			return assignment.TrustSet{}, fmt.Errorf("no trust ConfigMap in %s after %s (last error: %w)", ns, timeout, err)
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			return assignment.TrustSet{}, err
