@@ -53,6 +53,8 @@ BENCHTIME ?= 1s
 # that on a shared machine they are not queued behind other work (a negative one needs root;
 # without it nice warns and runs them at the normal priority).
 BENCH_PROXY_NICE ?= -10
+# bench-scale runs the control plane, the manager and the simulated agents at this niceness too.
+BENCH_SCALE_NICE ?= -10
 
 .PHONY: all
 all: build
@@ -138,6 +140,11 @@ bench-proxy: ## The agent beside HAProxy and nginx (installed from the distribut
 .PHONY: bench-convergence
 bench-convergence: ## Time from an HPA change to every agent's ack, at 10 and 100 agents.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=Convergence -benchtime=1x -timeout=20m ./test/e2e/
+
+.PHONY: bench-scale
+bench-scale: ## One manager, many pods and quotas (simulated agents): convergence, RSS, CPU, API and push rates; SCALE_CONFIGS=100x1,1000x100,10000x1000.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -c -o $(LOCALBIN)/scale.test ./test/scale/
+	cd test/scale && KUBEBUILDER_ASSETS="$$(../../hack/envtest-assets.sh)" nice -n $(BENCH_SCALE_NICE) $(LOCALBIN)/scale.test -test.run='^$$' -test.bench=Scale -test.benchtime=1x -test.timeout=120m -test.v
 
 ##@ Build
 

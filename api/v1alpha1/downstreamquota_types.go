@@ -345,9 +345,14 @@ type DownstreamQuotaStatus struct {
 	// ledger is Σ permits that live or recently deleted pods may be using, as the manager counts it.
 	// +optional
 	Ledger int32 `json:"ledger"`
-	// holdings lists what every pod holds.
+	// holdings lists what every pod holds, at most 100 pods: those not synced, gone or counted
+	// above their grant first, then by name. ledger and targets[].podsSynced cover every pod.
 	// +optional
+	// +kubebuilder:validation:MaxItems=100
 	Holdings []PodHolding `json:"holdings,omitempty"`
+	// holdingsOmitted is how many pods the ledger counts that holdings leaves out (beyond 100).
+	// +optional
+	HoldingsOmitted int32 `json:"holdingsOmitted,omitempty"`
 	// lastRebalanceTime is when the permits last changed.
 	// +optional
 	LastRebalanceTime *metav1.Time `json:"lastRebalanceTime,omitempty"`

@@ -124,6 +124,13 @@ func (c *Client) Push(ctx context.Context, to Endpoint, a *Assignment) (*State, 
 	return c.do(ctx, http.MethodPut, to.URL, PathAssignment, body, Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch})
 }
 
+// PushEncoded is Push for an assignment already validated and encoded: body must be
+// json.Marshal(a) of an a that passed Validate. It signs and sends body as it is, so that a
+// sender re-sending the same assignment (a lease renewal) encodes and validates it once.
+func (c *Client) PushEncoded(ctx context.Context, to Endpoint, a *Assignment, body []byte) (*State, error) {
+	return c.do(ctx, http.MethodPut, to.URL, PathAssignment, body, Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch})
+}
+
 // State GETs the agent's State at to, signed for to.Pod and epoch (no instance: it may be the
 // first contact), with the same errors as Push.
 func (c *Client) State(ctx context.Context, to Endpoint, epoch int64) (*State, error) {

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -19,10 +20,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -36,6 +39,13 @@ import (
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/targets"
 )
+
+// DefaultQuotaWorkers is how many DownstreamQuotas are reconciled at once by default.
+const DefaultQuotaWorkers = 32
+
+// StatusRefreshDelay is how long a quota's status refresh for the push engine's changes (acks,
+// failures, convergence) waits, gathering the changes that follow.
+const StatusRefreshDelay = time.Second
 
 // Pusher delivers each pod's permits to its agent and reports what the pods hold. The push
 // engine (internal/push) implements it; nil means the manager only computes and reports.
@@ -56,6 +66,12 @@ type DownstreamQuotaReconciler struct {
 	// Changes carries quota keys whose push state changed (acks, failures) so that their
 	// status is refreshed; may be nil.
 	Changes <-chan event.GenericEvent
+	// Workers bounds the quotas reconciled at once (0: DefaultQuotaWorkers). A reconcile spends
+	// most of its time waiting for its status write; run one at a time, a change of many quotas
+	// at once (an HPA decision each) would reach the push engine one status round trip after
+	// another. One quota is never reconciled twice at once (the work queue's guarantee), and the
+	// engine keeps one ledger per quota under its lock.
+	Workers int
 	// decided remembers, per quota, the targets of the last status this reconciler computed. The
 	// cached status can lag behind a write just made, and a rebalance Event must describe the
 	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
@@ -461,9 +477,18 @@ func (r *DownstreamQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&autoscalingv2.HorizontalPodAutoscaler{}, handler.EnqueueRequestsFromMapFunc(r.quotasForHPA)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.quotasForPod), builder.WithPredicates(podChanged{})).
 		Watches(&apportionv1.DegradeRule{}, handler.EnqueueRequestsFromMapFunc(quotaForRule)).
-		Named("downstreamquota")
+		Named("downstreamquota").
+		WithOptions(controller.Options{MaxConcurrentReconciles: cmp.Or(max(r.Workers, 0), DefaultQuotaWorkers)})
 	if r.Changes != nil {
-		b = b.WatchesRawSource(source.Channel(r.Changes, &handler.EnqueueRequestForObject{}))
+		// The engine's changes only refresh the status: they wait StatusRefreshDelay, so that the
+		// acks of one rebalance make one status write rather than one each, and a change of many
+		// quotas at once (HPA decisions, queued at once) reaches the engine before the status
+		// refreshes of the quotas already pushed.
+		b = b.WatchesRawSource(source.Channel(r.Changes, handler.Funcs{
+			GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}, StatusRefreshDelay)
+			},
+		}))
 	}
 	return b.Complete(r)
 }

@@ -29,13 +29,11 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	if report != nil {
 		st.Ledger = report.Ledger
 		for _, h := range report.Holdings {
-			st.Holdings = append(st.Holdings, apportionv1.PodHolding{
-				Pod: h.Pod, Target: h.Target, Granted: h.Granted, Counted: h.Counted, InFlight: h.InFlight, Synced: h.Synced,
-			})
 			if h.Synced {
 				synced[h.Target]++
 			}
 		}
+		st.Holdings, st.HoldingsOmitted = summarizeHoldings(report.Holdings, MaxHoldingsInStatus)
 		if d := report.LastRebalanceDuration; d > 0 {
 			st.LastRebalanceDuration = d.Round(100_000).String()
 		} else {
@@ -215,4 +213,34 @@ func safeDefaultMessage(before, after []apportionv1.TargetStatus) string {
 // the figure shown never exceeds the share the agent enforces.
 func formatRate(perSecond float64) string {
 	return strconv.FormatFloat(math.Floor(perSecond*1000)/1000, 'f', -1, 64)
+}
+
+// MaxHoldingsInStatus bounds status.holdings, so that a quota of thousands of pods keeps its
+// status far below the API server's object size limit and its writes small.
+const MaxHoldingsInStatus = 100
+
+// summarizeHoldings is status.holdings for the engine's holdings (sorted by pod): all of them
+// up to limit, else the limit most telling — pods not synced, gone, or counted above their grant
+// first, then by name — and how many were left out.
+func summarizeHoldings(hs []push.Holding, limit int) ([]apportionv1.PodHolding, int32) {
+	telling := func(h push.Holding) bool { return !h.Synced || h.Gone || h.Counted > h.Granted }
+	pick := hs
+	if len(hs) > limit {
+		pick = make([]push.Holding, 0, limit)
+		for _, pass := range []bool{true, false} {
+			for _, h := range hs {
+				if len(pick) < limit && telling(h) == pass {
+					pick = append(pick, h)
+				}
+			}
+		}
+		sort.SliceStable(pick, func(i, j int) bool { return pick[i].Pod < pick[j].Pod })
+	}
+	var out []apportionv1.PodHolding
+	for _, h := range pick {
+		out = append(out, apportionv1.PodHolding{
+			Pod: h.Pod, Target: h.Target, Granted: h.Granted, Counted: h.Counted, InFlight: h.InFlight, Synced: h.Synced,
+		})
+	}
+	return out, int32(len(hs) - len(pick))
 }

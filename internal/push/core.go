@@ -41,6 +41,9 @@ type core struct {
 	// events collects Events for OnEvent, in order.
 	events []Event
 
+	// onQuiet, when set (tests), sees every quiet renewal (requests.go): for each of the pod's
+	// entries what it was counted at and would have been granted just before, and just after.
+	onQuiet func(p *podState, before, after []int32)
 	// afterPlan, when set (tests), sees every plan: its input and the grants it decided.
 	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
 }

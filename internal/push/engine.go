@@ -2,6 +2,7 @@ package push
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -284,24 +285,40 @@ func (e *Engine) worker(ctx context.Context) {
 		to := assignment.Endpoint{URL: w.endpoint, Pod: w.pod.namespace + "/" + w.pod.name}
 		epoch := e.core.epoch
 		e.mu.Unlock()
-		st, err := e.do(ctx, w, to, epoch)
+		st, body, err := e.do(ctx, w, to, epoch)
 		e.mu.Lock()
 		if e.stopping {
 			return
 		}
+		e.core.encoded(w, body)
 		e.core.finishWork(w, st, err, e.clock.Now())
 		e.afterLocked()
 	}
 }
 
-// do sends one request, bounded by PushTimeout, and records its metrics.
-func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
+// do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
+// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded).
+func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, []byte, error) {
 	rctx, cancel := context.WithTimeout(ctx, e.opts.PushTimeout)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
 	var err error
-	if w.kind == kindPush {
+	body := w.body
+	if ep, ok := e.opts.Client.(EncodedPusher); ok && w.kind == kindPush {
+		if body == nil {
+			if err = w.assignment.Validate(); err != nil {
+				err = fmt.Errorf("refusing to push an invalid assignment: %w", err)
+			} else {
+				body, err = json.Marshal(w.assignment)
+			}
+		}
+		if err == nil {
+			st, err = ep.PushEncoded(rctx, to, w.assignment, body)
+		} else {
+			body = nil
+		}
+	} else if w.kind == kindPush {
 		st, err = e.opts.Client.Push(rctx, to, w.assignment)
 	} else {
 		st, err = e.opts.Client.State(rctx, to, epoch)
@@ -325,7 +342,7 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 		result = resultError
 	}
 	e.metrics.request(w.kind, result, time.Since(start).Seconds())
-	return st, err
+	return st, body, err
 }
 
 func (e *Engine) notifier(ctx context.Context) {

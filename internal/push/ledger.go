@@ -33,6 +33,11 @@ type version struct {
 	okEnd   time.Time // every answered send: answer received + LeaseTTL
 	failEnd time.Time // every unanswered send: sentAt + leaseWindow (PushTimeout + AcceptGrace + LeaseTTL)
 	sendEnd time.Time // the send in flight, counted like an unanswered one until it is answered
+
+	// body is the JSON of a addressed to the agent process bodyInstance, once encoded: a
+	// renewal sends the same bytes again (signed anew).
+	body         []byte
+	bodyInstance string
 }
 
 func (v *version) leaseEnd() time.Time { return maxTime(v.okEnd, v.failEnd, v.sendEnd) }

@@ -24,6 +24,8 @@ type metrics struct {
 	ledger      *prometheus.GaugeVec
 	limit       *prometheus.GaugeVec
 	unreachable *prometheus.GaugeVec
+	// quietRenewals counts renewals whose answer changed nothing the ledger uses (no replan).
+	quietRenewals prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,6 +55,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "apportion_manager_unreachable_pods",
 			Help: "Pods of a quota whose agent failed its last requests.",
 		}, []string{"quota"}),
+		quietRenewals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apportion_manager_quiet_renewals_total",
+			Help: "Lease renewals whose answer changed nothing the ledger uses, so that no quota was replanned for them (docs/protocol.md §4).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -74,6 +80,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.unreachable, err = register(reg, m.unreachable); err != nil {
+		return nil, err
+	}
+	if m.quietRenewals, err = register(reg, m.quietRenewals); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -43,6 +43,14 @@ type AgentClient interface {
 	State(ctx context.Context, to assignment.Endpoint, epoch int64) (*assignment.State, error)
 }
 
+// EncodedPusher is an AgentClient that can send an assignment already validated and encoded
+// (body is json.Marshal(a)); *assignment.Client and *SigningClient implement it. The engine then
+// validates and encodes each version once per agent process, and a renewal re-sends the same
+// bytes, signed anew.
+type EncodedPusher interface {
+	PushEncoded(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment, body []byte) (*assignment.State, error)
+}
+
 // EpochSource hands out the manager's fencing epoch. Every call must return a value greater
 // than any value it (or any other manager of the cluster) returned before. ConfigMapEpoch is
 // the implementation the manager uses.

@@ -44,6 +44,31 @@ func TestLedgerProperty(t *testing.T) {
 	}
 }
 
+// TestQuietRenewalProperty checks the renewal fast path (core.quietRenewal) over the same random
+// runs as TestLedgerProperty: every renewal the engine takes as quiet — applied without replanning
+// the pod's quotas — must leave every one of the pod's entries counted at what it was counted at
+// just before the answer, and granted what a plan made right then would grant, before and after;
+// so that skipping the replan loses nothing. Σ of what pods really hold stays ≤ limit as in
+// TestLedgerProperty (the same checks run). The runs must take the fast path (else the test
+// would check nothing).
+func TestQuietRenewalProperty(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 10
+	}
+	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
+		seeds = n
+	}
+	quiet := 0
+	for seed := range seeds {
+		quiet += runProperty(t, uint64(1_000_000+seed))
+	}
+	if quiet == 0 {
+		t.Fatalf("%d runs took no quiet renewal", seeds)
+	}
+	t.Logf("%d quiet renewals over %d runs, each leaving counted values and grants as they were", quiet, seeds)
+}
+
 type propPod struct {
 	born        time.Time
 	name        string
@@ -83,7 +108,9 @@ type pending struct {
 	proc int       // the agent process the request went to: a request cannot outlive its connection
 }
 
-func runProperty(t *testing.T, seed uint64) {
+// runProperty runs one seed; it returns how many renewals the engine took as quiet (each one
+// checked: see TestQuietRenewalProperty).
+func runProperty(t *testing.T, seed uint64) int {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	h := newHarness(t, func(o *Options) {
 		o.UnreachableAfter = 1 + rng.IntN(3)
@@ -152,6 +179,14 @@ func runProperty(t *testing.T, seed uint64) {
 		}
 	}
 	h.c.afterPlan = planHook
+	quiet := 0
+	quietHook := func(p *podState, before, after []int32) {
+		quiet++
+		if !slices.Equal(before, after) {
+			fail("quiet renewal of %s changed (counted, grant) per quota from %v to %v", p.name, before, after)
+		}
+	}
+	h.c.onQuiet = quietHook
 	h.check = func() {
 		if h.c.started {
 			if tracing {
@@ -466,6 +501,7 @@ func runProperty(t *testing.T, seed uint64) {
 			inflight = nil
 			h.c = newCore(&h.o, nil)
 			h.c.afterPlan = planHook
+			h.c.onQuiet = quietHook
 			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
 			epoch += int64(1 + rng.IntN(3))
 			setQ()
@@ -537,6 +573,7 @@ func runProperty(t *testing.T, seed uint64) {
 	if !rep.Converged {
 		fail("did not converge once healed: %+v", rep)
 	}
+	return quiet
 }
 
 const delayed outcome = 100 // lands later, within its acceptance bound; the engine times out

@@ -46,7 +46,7 @@ func (c *core) replan(q *quotaState, now time.Time) {
 		for i, e := range entries {
 			h, ph, carry, nx := c.held(e, now)
 			next = minTime(next, nx)
-			pe[i] = planEntry{Name: e.pod.name, Grant: e.grant, Target: c.target(e), Held: h, Phantom: ph, Carry: carry, CanRaise: c.canRaise(e)}
+			pe[i] = c.planEntry(e, h, ph, carry)
 		}
 		recovering := c.recovering(q, now)
 		if recovering {
@@ -89,6 +89,20 @@ func (c *core) replan(q *quotaState, now time.Time) {
 		q.lastRebalance = now.Sub(q.changeAt)
 	}
 	c.noteReport(q, now, entries, counts)
+}
+
+func (c *core) planEntry(e *entry, h, ph, carry int32) planEntry {
+	return planEntry{Name: e.pod.name, Grant: e.grant, Target: c.target(e), Held: h, Phantom: ph, Carry: carry, CanRaise: c.canRaise(e)}
+}
+
+// planInput is what replan would hand the planner for entries (a quota's entry list) now.
+func (c *core) planInput(entries []*entry, now time.Time) []planEntry {
+	pe := make([]planEntry, len(entries))
+	for i, e := range entries {
+		h, ph, carry, _ := c.held(e, now)
+		pe[i] = c.planEntry(e, h, ph, carry)
+	}
+	return pe
 }
 
 // desiredTarget is what the controller wants the pod to hold.

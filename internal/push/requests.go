@@ -38,7 +38,11 @@ type work struct {
 	endpoint   string
 	assignment *assignment.Assignment // kindPush: the snapshot sent
 	version    *version               // kindPush
-	sentAt     time.Time
+	// body is assignment's JSON when the version already has it for the assignment's instance
+	// (a renewal): the engine encodes a push once per version and agent process, and reuses it
+	// (core.encoded).
+	body   []byte
+	sentAt time.Time
 }
 
 // startWork turns a ready pod into a request. For a push it reserves the version in the
@@ -63,6 +67,9 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		a := *p.content
 		a.Instance = p.instance
 		w.assignment, w.version = &a, v
+		if v.body != nil && v.bodyInstance == a.Instance {
+			w.body = v.body
+		}
 	}
 	p.busy = w
 	return w
@@ -91,6 +98,9 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	}
 	var stale *assignment.StaleError
 	switch {
+	case err == nil && st != nil && c.quietRenewal(w, st):
+		c.renewQuietly(w, st, now)
+		return
 	case err == nil && st != nil:
 		if w.kind == kindPush {
 			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
@@ -132,4 +142,108 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		c.markQuota(e.quota)
 	}
 	c.markDirty(p)
+}
+
+// encoded notes the JSON the request sent (encoded outside the lock, by the Engine's worker) so
+// that the version's next send to the same agent process reuses it.
+func (c *core) encoded(w *work, body []byte) {
+	if w.version != nil && body != nil {
+		w.version.body, w.version.bodyInstance = body, w.assignment.Instance
+	}
+}
+
+// quietRenewal says whether an answered push is a renewal that tells the engine nothing new
+// (docs/protocol.md §4, "Quiet renewals"): the same agent process acknowledged again the
+// generation it had acknowledged, which is the pod's current content and the only version left
+// (nothing to retire), the pod was not failing (its reachability does not change), no foreign
+// holding is involved, and every calls-in-flight figure, the last one and this one, is within
+// the pod's grant for its quota. Such an answer changes no input of a plan: the in-flight term
+// of held never exceeds the grant, and counted = carry + max(held, phantom, grant) takes the
+// larger, so it stays what it was; the lease bound of the version only moves later, which can
+// only keep what the ledger counts. So the answer needs no replan of the pod's quotas and no
+// rebuild of its content; renewQuietly notes it.
+func (c *core) quietRenewal(w *work, st *assignment.State) bool {
+	p := w.pod
+	if w.kind != kindPush || w.version == nil || !p.known || p.dirty || p.failures > 0 || p.foreign != nil || p.content == nil {
+		return false
+	}
+	g := w.version.gen
+	if st.Epoch != c.epoch || st.Generation != g || p.ackedGen != g || p.okGen != g || p.content.Generation != g ||
+		p.lastEpoch != c.epoch || p.lastGen != g {
+		return false
+	}
+	if st.Instance == "" || st.Instance != p.instance || !st.Configured || !p.configured {
+		return false
+	}
+	if len(p.versions) != 1 || p.versions[0] != w.version {
+		return false
+	}
+	for k, e := range p.entries {
+		if e.inflight > e.grant {
+			return false
+		}
+		var in int32
+		for _, d := range st.Downstreams {
+			if d.Name == k.Name {
+				if d.Requests < e.requests {
+					return false // a counter went backwards: another process (restarted)
+				}
+				in = max(d.InFlight, 0)
+				break
+			}
+		}
+		if in > e.grant {
+			return false
+		}
+	}
+	return true
+}
+
+// renewQuietly applies a quiet renewal's answer (quietRenewal): the version's lease bound, the
+// next renewal, the report's time and calls in flight. The pod's quotas keep their plan and
+// their timers: the next one that fires replans them with the later lease bound.
+func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
+	p := w.pod
+	var before []int32
+	if c.onQuiet != nil {
+		before = c.quietCounts(p, now)
+	}
+	w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
+	p.renewAt = w.sentAt.Add(c.renewDelay())
+	p.retryAt = time.Time{}
+	p.reportAt = now
+	p.pollAt = now.Add(c.opts.DrainPoll)
+	for k, e := range p.entries {
+		e.inflight, e.inflightAt, e.requests = 0, now, 0
+		for _, d := range st.Downstreams {
+			if d.Name == k.Name {
+				e.inflight, e.requests = max(d.InFlight, 0), d.Requests
+				break
+			}
+		}
+	}
+	if c.metrics != nil {
+		c.metrics.quietRenewals.Inc()
+	}
+	if c.onQuiet != nil {
+		c.onQuiet(p, before, c.quietCounts(p, now))
+	}
+	c.schedule(p, now)
+}
+
+// quietCounts is, for tests of quiet renewals, what each of the pod's entries is counted at and
+// would be granted by a plan of its quota now, in the order of the pod's entry list.
+func (c *core) quietCounts(p *podState, now time.Time) []int32 {
+	var out []int32
+	for _, e := range p.entryList() {
+		entries := e.quota.entryList()
+		pe := c.planInput(entries, now)
+		grants := plan(e.quota.desired.Limit, c.recovering(e.quota, now), pe)
+		for i, x := range entries {
+			if x == e {
+				out = append(out, c.counted(e, now), grants[i])
+			}
+		}
+	}
+	return out
 }

@@ -48,6 +48,11 @@ func (c *SigningClient) Push(ctx context.Context, to assignment.Endpoint, a *ass
 	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.Push(ctx, to, a) })
 }
 
+// PushEncoded implements EncodedPusher.
+func (c *SigningClient) PushEncoded(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment, body []byte) (*assignment.State, error) {
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.PushEncoded(ctx, to, a, body) })
+}
+
 // State implements AgentClient.
 func (c *SigningClient) State(ctx context.Context, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
 	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.State(ctx, to, epoch) })
