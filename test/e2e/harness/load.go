@@ -115,7 +115,7 @@ func (l *Load) run(ctx context.Context) {
 		}
 		alive := map[*Agent]bool{}
 		for _, a := range l.cfg.Source.Agents() {
-			if a.Draining() {
+			if a.Draining() || !a.Serving() {
 				continue
 			}
 			alive[a] = true
@@ -160,8 +160,12 @@ func (l *Load) worker(ctx context.Context, a *Agent) {
 			continue
 		}
 		l.requests.Add(1)
+		a.noteCall()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := l.client.Do(req)
+		if err == nil {
+			a.firstStatus.CompareAndSwap(0, int32(resp.StatusCode))
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
