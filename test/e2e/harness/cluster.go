@@ -29,7 +29,7 @@ var ErrNoClusterAssets = errors.New(ClusterAssetsEnv + " is not set: run `make t
 const KwokNodeAnnotation = "kwok.x-k8s.io/node"
 
 // ClusterControllers are the kube-controller-manager's controllers the cluster mode runs: what
-// turns a Deployment into pods and cleans up after them. The HPA controller is not among them:
+// turns a Deployment into pods, keeps nodes schedulable and cleans up after them. The HPA controller is not among them:
 // its metrics would be a stand-in the harness writes, so the scenario writes the HPA's status
 // and scales through the scale subresource itself, as that controller does.
 var ClusterControllers = []string{
@@ -40,6 +40,9 @@ var ClusterControllers = []string{
 	"endpointslice-controller",
 	"pod-garbage-collector-controller",
 	"serviceaccount-controller",
+	// The API server taints every new node not-ready (TaintNodesByCondition); this controller
+	// lifts the taint once the node is Ready and keeps it Ready while kwok renews its Lease.
+	"node-lifecycle-controller",
 }
 
 // ClusterConfig sizes the cluster mode.
@@ -131,6 +134,7 @@ func StartCluster(ctx context.Context, cp *ControlPlane, ips *IPPool, dir string
 		"--config=" + stages,
 		"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
 		"--node-ip=127.0.0.1",
+		"--node-lease-duration-seconds=40",
 		"--cidr=" + c.ips.podCIDR(255),
 	}}
 	for _, p := range []*Proc{c.KCM, c.Scheduler, c.Kwok} {

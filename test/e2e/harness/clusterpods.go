@@ -13,11 +13,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -33,9 +31,11 @@ import (
 //     admitted pod's injected container says (agentSpecFromPod); once the agent answers
 //     /readyz (an assignment is applied: it enforces its permits) the pod is annotated
 //     AgentReadyAnnotation and kwok sets it Ready — readiness follows /readyz;
-//   - traffic reaches an agent (Agent.Serving) only while its pod is a ready, not terminating
-//     endpoint of the workload's Service in the EndpointSlices the endpoint-slice controller
-//     writes: the load generator plays a Service's clients;
+//   - traffic reaches an agent (Agent.Serving) only while its pod is Ready and not terminating:
+//     what the endpoint-slice controller publishes as a ready endpoint. The load generator
+//     plays a Service's clients, but reads the pods rather than EndpointSlices: the API server
+//     refuses loopback addresses in an EndpointSlice ("may not be in the loopback range"), so
+//     the endpoint-slice controller cannot publish these pods;
 //   - a terminating pod's agent keeps running for the Terminating time (a preStop hook), then
 //     gets SIGTERM and drains; once it exited the pod is annotated AgentStoppedAnnotation and
 //     kwok deletes it;
@@ -51,7 +51,6 @@ type clusterPods struct {
 	// Guarded by w.mu.
 	pods        map[string]*podRun // by pod name, pods that exist
 	history     []*podRun          // every pod seen, in order of appearance
-	endpoints   map[string][]string
 	terminating time.Duration
 	errs        []error
 }
@@ -69,7 +68,7 @@ type podRun struct {
 	starting, stopping, gone, lost bool
 	started                        chan struct{}
 	// enforced: the agent first answered /readyz; ready: the pod was first seen Ready;
-	// serving: first seen as a ready endpoint.
+	// serving: traffic was first let through to it.
 	enforced, ready, serving time.Time
 }
 
@@ -79,7 +78,7 @@ type PodTimes struct {
 	// Seen is when the harness first saw the pod.
 	Seen time.Time
 	// Enforced is when its agent first answered /readyz; Ready when the pod was first seen
-	// Ready; Serving when it was first seen as a ready endpoint; FirstCall when the app first
+	// Ready; Serving when traffic was first let through to it; FirstCall when the app first
 	// called through it, FirstStatus that call's status (0: no answer).
 	Enforced, Ready, Serving, FirstCall time.Time
 	FirstStatus                         int
@@ -91,7 +90,7 @@ func newClusterPods(w *Workload) (*clusterPods, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &clusterPods{w: w, cs: cs, pods: map[string]*podRun{}, endpoints: map[string][]string{}, terminating: w.cfg.Terminating}
+	cl := &clusterPods{w: w, cs: cs, pods: map[string]*podRun{}, terminating: w.cfg.Terminating}
 	cl.ctx, cl.cancel = context.WithCancel(context.Background())
 	return cl, nil
 }
@@ -109,21 +108,6 @@ func (cl *clusterPods) run(ctx context.Context) error {
 			}
 			if pod, ok := obj.(*corev1.Pod); ok {
 				cl.onPodGone(pod)
-			}
-		},
-	}); err != nil {
-		return err
-	}
-	eps := f.Discovery().V1().EndpointSlices().Informer()
-	if _, err := eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { cl.onSlice(obj.(*discoveryv1.EndpointSlice), false) },
-		UpdateFunc: func(_, obj any) { cl.onSlice(obj.(*discoveryv1.EndpointSlice), false) },
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				cl.onSlice(s, true)
 			}
 		},
 	}); err != nil {
@@ -184,6 +168,9 @@ func (cl *clusterPods) onPod(pod *corev1.Pod) {
 	}
 	r.node = pod.Spec.NodeName
 	if pod.DeletionTimestamp != nil {
+		if r.agent != nil {
+			r.agent.gated.Store(true) // no longer an endpoint
+		}
 		if !r.stopping {
 			r.stopping = true
 			w.live = slices.DeleteFunc(w.live, func(s string) bool { return s == pod.Name })
@@ -199,6 +186,14 @@ func (cl *clusterPods) onPod(pod *corev1.Pod) {
 	}
 	if r.ready.IsZero() && podReady(pod) {
 		r.ready = time.Now()
+	}
+	// Traffic follows the pod's readiness, as the endpoint-slice controller publishes it
+	// (Ready and not terminating; see clusterPods on why not the EndpointSlices themselves).
+	if r.agent != nil && podReady(pod) {
+		r.agent.gated.Store(false)
+		if r.serving.IsZero() {
+			r.serving = time.Now()
+		}
 	}
 }
 
@@ -228,7 +223,7 @@ func (cl *clusterPods) startAgent(pod *corev1.Pod, r *podRun) {
 		return
 	}
 	a := newAgentFromSpec(w.bin, w.cfg.Namespace, pod.Name, r.ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
-	a.gated.Store(true) // no traffic before its pod is a ready endpoint
+	a.gated.Store(true) // no traffic before its pod is Ready
 	if err := a.Start(cl.ctx); err != nil {
 		_ = a.Kill()
 		if cl.ctx.Err() == nil {
@@ -337,49 +332,6 @@ func (cl *clusterPods) killAgent(r *podRun) {
 	w.mu.Unlock()
 }
 
-// onSlice keeps the ready endpoints of the workload's Service and gates the agents by them.
-func (cl *clusterPods) onSlice(s *discoveryv1.EndpointSlice, deleted bool) {
-	if s.Labels[discoveryv1.LabelServiceName] != cl.w.cfg.Name {
-		return
-	}
-	var ready []string
-	if !deleted {
-		for _, ep := range s.Endpoints {
-			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
-				continue
-			}
-			if (ep.Conditions.Ready == nil || *ep.Conditions.Ready) && (ep.Conditions.Terminating == nil || !*ep.Conditions.Terminating) {
-				ready = append(ready, ep.TargetRef.Name)
-			}
-		}
-	}
-	w := cl.w
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if deleted {
-		delete(cl.endpoints, s.Name)
-	} else {
-		cl.endpoints[s.Name] = ready
-	}
-	serving := map[string]bool{}
-	for _, names := range cl.endpoints {
-		for _, n := range names {
-			serving[n] = true
-		}
-	}
-	now := time.Now()
-	for name, r := range cl.pods {
-		if r.agent == nil {
-			continue
-		}
-		on := serving[name] && !r.stopping
-		r.agent.gated.Store(!on)
-		if on && r.serving.IsZero() {
-			r.serving = now
-		}
-	}
-}
-
 // annotate sets annotation key=true on pod name (a merge patch: no conflicts). A pod already
 // gone is fine.
 func (cl *clusterPods) annotate(name, key string) {
@@ -402,7 +354,7 @@ func (cl *clusterPods) annotate(name, key string) {
 	}
 }
 
-// createInCluster creates the workload's Service, Deployment and HPA and waits for the
+// createInCluster creates the workload's Deployment and HPA and waits for the
 // Deployment's pods to be ready with their agents enforcing.
 func (w *Workload) createInCluster(ctx context.Context, replicas int32) error {
 	cl, err := newClusterPods(w)
@@ -412,16 +364,6 @@ func (w *Workload) createInCluster(ctx context.Context, replicas int32) error {
 	w.cl = cl
 	if err := cl.run(ctx); err != nil {
 		return err
-	}
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Name, Namespace: w.cfg.Namespace},
-		Spec: corev1.ServiceSpec{
-			Selector: w.Labels(),
-			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
-		},
-	}
-	if err := w.cp.Client.Create(ctx, svc); err != nil {
-		return fmt.Errorf("creating the Service: %w", err)
 	}
 	d := w.deployment().DeepCopy()
 	d.Namespace, d.Spec.Replicas = w.cfg.Namespace, ptr.To(replicas)

@@ -23,8 +23,9 @@ const (
 //   - pod-delete: a terminating pod is deleted once the harness set AgentStoppedAnnotation, so
 //     the pod stays terminating for as long as its agent drains.
 //
-// There is no node heartbeat stage: the cluster mode runs no node-lifecycle controller (a lost
-// node is a deleted Node object, which the pod garbage collector acts on).
+// The node heartbeat is kwok's node Lease (--node-lease-duration-seconds), which the
+// node-lifecycle controller reads; a lost node is a deleted Node object, which the pod garbage
+// collector acts on.
 const kwokStages = `apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
