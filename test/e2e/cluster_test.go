@@ -106,6 +106,16 @@ func stopClusterEnv(keep bool) {
 	}
 }
 
+// playedInClusterWhenShort skips the simulated form of a scenario that TestClusterScenarios
+// plays on the real control loops, unless E2E_FULL=1: the short run keeps its time budget by
+// playing each of them once, in the cluster mode.
+func playedInClusterWhenShort(t *testing.T) {
+	t.Helper()
+	if !full && !inCluster(t) {
+		t.Skip("the short run plays this scenario in the cluster mode (TestClusterScenarios/" + strings.TrimPrefix(t.Name(), "Test") + "); E2E_FULL=1 runs the simulated form too")
+	}
+}
+
 // TestClusterScenarios runs scenarios written for the simulated cluster on the real control
 // loops: the HPA's scale events go through the scale subresource, the ReplicaSet controller
 // creates the pods (through the injection webhook) and picks the victims of a scale-in.
@@ -257,9 +267,12 @@ func TestClusterScaleOutAndBack(t *testing.T) {
 }
 
 // TestClusterNodeLost: under load, a node is lost (its agents killed, its Node deleted); its
-// pods stay counted until the pod garbage collector deletes them as orphans, then the
-// ReplicaSet controller replaces them on the remaining nodes.
+// pods stay counted until the pod garbage collector deletes them as orphans (its quarantine is
+// a fixed 40 s), then the ReplicaSet controller replaces them on the remaining nodes.
 func TestClusterNodeLost(t *testing.T) {
+	if !full {
+		t.Skip("full run only (E2E_FULL=1, make test-e2e): the pod garbage collector deletes a lost node's pods after its fixed 40 s quarantine, about a minute in all")
+	}
 	const replicas = 9
 	s := scenario(t, harness.ScenarioConfig{Replicas: replicas, MaxReplicas: 16})
 	ctx := t.Context()
