@@ -230,7 +230,10 @@ func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration) err
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kwok nodes not Ready after %s (%d of %d, err %v): see %s", timeout, ready, len(c.Nodes()), err, c.Kwok.LogPath)
+			if err != nil {
+				return fmt.Errorf("kwok nodes not Ready after %s: listing them: %w", timeout, err)
+			}
+			return fmt.Errorf("kwok nodes not Ready after %s (%d of %d): see %s", timeout, ready, len(c.Nodes()), c.Kwok.LogPath)
 		}
 		for _, p := range []*Proc{c.KCM, c.Scheduler, c.Kwok} {
 			if !p.Running() {
