@@ -104,14 +104,15 @@ chromium: ## Install Debian's chromium (the demo report's rendering test) when m
 	@hack/chromium.sh >/dev/null
 
 .PHONY: envtest
-envtest: ## Build kube-apiserver, etcd and kubectl for envtest (cached outside the clone).
+envtest: ## Build kube-apiserver, etcd and kubectl for envtest, and kube-controller-manager, kube-scheduler and kwok for the e2e cluster mode (cached outside the clone).
 	@hack/envtest-assets.sh >/dev/null
+	@hack/envtest-assets.sh --cluster >/dev/null
 
 ##@ Test
 
 .PHONY: test
 test: verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, bounded fuzz.
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" CHROMIUM="$$(hack/chromium.sh)" go test -race -count=1 ./...
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" CHROMIUM="$$(hack/chromium.sh)" go test -race -count=1 ./...
 	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 	$(MAKE) fuzz
 
@@ -124,7 +125,7 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 
 .PHONY: test-e2e
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).
-	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
 .PHONY: bench
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).

@@ -24,17 +24,46 @@
 # takes a few minutes (kube-apiserver dominates); the shared GOMODCACHE and
 # GOCACHE make rebuilds after a version bump much faster.
 #
+# With --cluster it builds instead what the end-to-end suite's cluster mode
+# runs around the API server (test/e2e/README.md) and prints a search path
+# (two directories joined by ':') holding them:
+#
+#   export E2E_CLUSTER_ASSETS="$(hack/envtest-assets.sh --cluster)"
+#
+#   kube-controller-manager, kube-scheduler  from k8s.io/kubernetes at
+#       ENVTEST_K8S_VERSION, built like kube-apiserver (same throwaway module,
+#       same version stamping), into
+#       ${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest/apportion-cluster/k8s-<ver>-<os>-<arch>
+#   kwok  (the fake-node controller, sigs.k8s.io/kwok/cmd/kwok at KWOK_VERSION)
+#       into .../apportion-cluster/kwok-<ver>-k8s-<k8s ver>-<os>-<arch>
+#
+# They sit beside, not inside, setup-envtest's directory, so adding them never
+# rebuilds or rewrites the kube-apiserver/etcd assets. kwok is built against
+# the Kubernetes client libraries of ENVTEST_K8S_VERSION (its k8s.io/* staging
+# requirements raised to that version, everything else as kwok asks): the
+# client then matches the API server it plays nodes for, and its compile
+# shares the Go build cache with kube-controller-manager's -- about 2 MB of
+# Go source of its own instead of about 35 MB with the client libraries kwok
+# was released with, which keeps a cold `make test` within its budget. Hence
+# its key holds both versions: a Kubernetes bump rebuilds it (quickly).
+# Same rules as above: idempotent (about a second when present), built only
+# from the Go module proxy, a directory appears complete or not at all.
+#
 # Environment:
 #   ENVTEST_K8S_VERSION  Kubernetes version to build (default 1.37.2)
 #   ETCD_VERSION         etcd version to build (default 3.6.16)
+#   KWOK_VERSION         kwok version to build with --cluster (default 0.8.0)
 #   XDG_DATA_HOME        base of the output directory (see above)
 #
-# stdout carries only the assets directory; all progress/logging goes to
-# stderr. To force a rebuild, delete the printed directory.
+# stdout carries only the assets directory (or, with --cluster, the search
+# path); all progress/logging goes to stderr. To force a rebuild, delete the
+# printed directory.
 set -euo pipefail
 
 ENVTEST_K8S_VERSION="${ENVTEST_K8S_VERSION:-1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
+KWOK_VERSION="${KWOK_VERSION#v}"
 
 # Accept both "1.37.2" and "v1.37.2".
 K8S_VERSION="${ENVTEST_K8S_VERSION#v}"
@@ -43,10 +72,15 @@ ETCD_VERSION="${ETCD_VERSION#v}"
 # Kubernetes v1.X.Y.
 STAGING_VERSION="v0.${K8S_VERSION#*.}"
 
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 0
-fi
+CLUSTER=0
+case "${1:-}" in
+  -h|--help)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 0 ;;
+  --cluster) CLUSTER=1 ;;
+  "") ;;
+  *) echo "envtest-assets: unknown argument ${1} (try --help)" >&2; exit 2 ;;
+esac
 
 # Keep the real stdout on fd 3 for the final result and send everything else
 # (including the go tool's own chatter) to stderr.
@@ -153,50 +187,18 @@ have_etcd() {
   check_version "$1/etcd" "etcd Version: ${ETCD_VERSION}" --version
 }
 
-# Fast path: everything present and at the right version.
-STEP="checking ${ASSETS_DIR}"
-if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
-  log "up to date: kube-apiserver/kubectl v${K8S_VERSION}, etcd v${ETCD_VERSION}"
-  echo "${ASSETS_DIR}" >&3
-  exit 0
-fi
-
-mkdir -p "${ENVTEST_ROOT}/k8s"
-# Serialise concurrent runs (e.g. parallel make targets) so they don't build
-# twice or race on the final rename.
-if command -v flock >/dev/null; then
-  exec 9>"${ENVTEST_ROOT}/.apportion-envtest.lock"
-  STEP="waiting for lock ${ENVTEST_ROOT}/.apportion-envtest.lock"
-  flock 9
-  # Another run may have finished the job while we waited.
-  if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
-    log "up to date (built by a concurrent run)"
-    echo "${ASSETS_DIR}" >&3
-    exit 0
-  fi
-  # Holding the lock, any leftover staging dir is from a killed run.
-  chmod -R u+w "${ENVTEST_ROOT}"/.tmp-* 2>/dev/null || true
-  rm -rf "${ENVTEST_ROOT}"/.tmp-*
-fi
-
-# The new assets dir is assembled next to the final one (same filesystem, so
-# the final rename is atomic) but outside k8s/, where setup-envtest would
-# otherwise try to interpret it as a version.
-STAGE=$(mktemp -d "${ENVTEST_ROOT}/.tmp-${K8S_VERSION}-${GOOS}-${GOARCH}.XXXXXX")
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/apportion-envtest-build.XXXXXX")
-
-# Reuse binaries that are already fine (e.g. only ETCD_VERSION changed).
-BUILD_K8S=1 BUILD_ETCD=1
-if have_k8s "${ASSETS_DIR}"; then
-  BUILD_K8S=0; cp -p "${ASSETS_DIR}/kube-apiserver" "${ASSETS_DIR}/kubectl" "${STAGE}/"
-fi
-if have_etcd "${ASSETS_DIR}"; then
-  BUILD_ETCD=0; cp -p "${ASSETS_DIR}/etcd" "${STAGE}/"
-fi
-
 LDFLAGS_BASE="-s -w"
 
+# build_k8s <outdir> <cmd>...: builds the named commands of k8s.io/kubernetes
+# (e.g. kube-apiserver) at K8S_VERSION into <outdir>.
 build_k8s() {
+  local out="$1"; shift
+  local -a cmds=("$@") pkgs=() gets=()
+  local c
+  for c in "${cmds[@]}"; do
+    pkgs+=("k8s.io/kubernetes/cmd/${c}")
+    gets+=("k8s.io/kubernetes/cmd/${c}@v${K8S_VERSION}")
+  done
   local mod="${WORK}/k8s"
   mkdir -p "${mod}"
   cd "${mod}"
@@ -246,9 +248,8 @@ build_k8s() {
   go mod init apportion.local/envtest-k8s
   go mod edit "${edits[@]}"
 
-  STEP="downloading dependencies of kube-apiserver and kubectl"
-  with_heartbeat "downloading kube-apiserver/kubectl dependencies" \
-    go_quiet get "k8s.io/kubernetes/cmd/kube-apiserver@v${K8S_VERSION}" "k8s.io/kubernetes/cmd/kubectl@v${K8S_VERSION}"
+  STEP="downloading dependencies of ${cmds[*]}"
+  with_heartbeat "downloading ${cmds[*]} dependencies" go_quiet get "${gets[@]}"
 
   # Version stamping, as kubernetes' hack/lib/version.sh does; without it the
   # binaries report v0.0.0-master. buildDate is the release's commit time, so
@@ -264,13 +265,14 @@ build_k8s() {
     done
   done
 
-  STEP="building kube-apiserver and kubectl v${K8S_VERSION}"
-  with_heartbeat "building kube-apiserver + kubectl (takes a few minutes)" \
-    go build -trimpath -ldflags "${LDFLAGS_BASE} ${ld[*]}" -o "${STAGE}/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+  STEP="building ${cmds[*]} v${K8S_VERSION}"
+  with_heartbeat "building ${cmds[*]} (takes a few minutes)" \
+    go build -trimpath -ldflags "${LDFLAGS_BASE} ${ld[*]}" -o "${out}/" "${pkgs[@]}"
 }
 
+# build_etcd <outdir>
 build_etcd() {
+  local out="$1"
   local mod="${WORK}/etcd"
   mkdir -p "${mod}"
   cd "${mod}"
@@ -299,35 +301,157 @@ EOF
 
   STEP="building etcd v${ETCD_VERSION}"
   with_heartbeat "building etcd" \
-    go build -trimpath -ldflags "${LDFLAGS_BASE}" -o "${STAGE}/etcd" .
+    go build -trimpath -ldflags "${LDFLAGS_BASE}" -o "${out}/etcd" .
 }
 
-if (( BUILD_ETCD )); then build_etcd; fi
-if (( BUILD_K8S )); then build_k8s; fi
+# build_kwok <outdir>: kwok's controller binary from its module at
+# KWOK_VERSION, in a throwaway module that raises the k8s.io staging modules
+# kwok requires (k8s.io/<name> at a v0.X.Y release) to STAGING_VERSION.
+build_kwok() {
+  local out="$1"
+  local mod="${WORK}/kwok"
+  mkdir -p "${mod}"
+  cd "${mod}"
+  STEP="downloading sigs.k8s.io/kwok@v${KWOK_VERSION} (module metadata)"
+  local info gomod_file
+  info=$(go mod download -json "sigs.k8s.io/kwok@v${KWOK_VERSION}") || { log "${info}"; return 1; }
+  gomod_file=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' <<<"${info}")
+  [[ -f "${gomod_file}" ]] || { log "could not locate go.mod of sigs.k8s.io/kwok@v${KWOK_VERSION}"; return 1; }
+  local -a gets=("sigs.k8s.io/kwok/cmd/kwok@v${KWOK_VERSION}")
+  local line
+  while IFS= read -r line; do
+    local -a f
+    read -r -a f <<<"${line}"
+    if [[ "${f[0]}" == k8s.io/* && "${f[1]}" =~ ^v0\.[0-9]+\.[0-9]+$ ]]; then
+      gets+=("${f[0]}@${STAGING_VERSION}")
+    fi
+  done < <(modfile_entries "${gomod_file}" require)
+  (( ${#gets[@]} > 1 )) || { log "found no k8s.io staging requirements in ${gomod_file}; parsing failed?"; return 1; }
+  log "building kwok against ${STAGING_VERSION} of $(( ${#gets[@]} - 1 )) k8s.io modules"
+  STEP="creating throwaway module for kwok"
+  go mod init apportion.local/envtest-kwok
+  STEP="downloading dependencies of kwok"
+  with_heartbeat "downloading kwok dependencies" go_quiet get "${gets[@]}"
+  STEP="building sigs.k8s.io/kwok/cmd/kwok@v${KWOK_VERSION}"
+  with_heartbeat "building kwok v${KWOK_VERSION}" \
+    go build -trimpath -ldflags "${LDFLAGS_BASE}" -o "${out}/" sigs.k8s.io/kwok/cmd/kwok
+}
+
+# lock: serialise concurrent runs (e.g. parallel make targets) so they don't
+# build twice or race on the final rename. Holding the lock, any leftover
+# staging dir is from a killed run.
+lock() {
+  mkdir -p "${ENVTEST_ROOT}"
+  command -v flock >/dev/null || return 0
+  exec 9>"${ENVTEST_ROOT}/.apportion-envtest.lock"
+  STEP="waiting for lock ${ENVTEST_ROOT}/.apportion-envtest.lock"
+  flock 9
+  chmod -R u+w "${ENVTEST_ROOT}"/.tmp-* 2>/dev/null || true
+  rm -rf "${ENVTEST_ROOT}"/.tmp-*
+}
+
+# new_stage <name>: a fresh staging dir, assembled next to the final one (same
+# filesystem, so the final rename is atomic) but outside k8s/, where
+# setup-envtest would otherwise try to interpret it as a version.
+new_stage() {
+  STAGE=$(mktemp -d "${ENVTEST_ROOT}/.tmp-$1.XXXXXX")
+  [[ -n "${WORK}" ]] || WORK=$(mktemp -d "${TMPDIR:-/tmp}/apportion-envtest-build.XXXXXX")
+}
+
+# install_stage <dir>: swap the complete STAGE into place as <dir>. A rename is
+# atomic, so readers see either the old directory, nothing, or the complete new
+# one -- never a half built one.
+install_stage() {
+  local dir="$1"
+  STEP="installing into ${dir}"
+  chmod 0755 "${STAGE}"
+  mkdir -p "$(dirname "${dir}")"
+  if [[ -e "${dir}" ]]; then
+    local old="${STAGE}.old"
+    # setup-envtest leaves its downloads read-only, and moving a directory to
+    # another parent needs write permission on the directory itself.
+    chmod u+w "${dir}"
+    mv "${dir}" "${old}"
+    mv "${STAGE}" "${dir}"
+    chmod -R u+w "${old}"
+    rm -rf "${old}"
+  else
+    mv "${STAGE}" "${dir}"
+  fi
+  STAGE=""
+  log "installed: $(du -sh "${dir}" | cut -f1) in ${dir}"
+}
+
+if (( CLUSTER )); then
+  CLUSTER_ROOT="${ENVTEST_ROOT}/apportion-cluster"
+  LOOPS_DIR="${CLUSTER_ROOT}/k8s-${K8S_VERSION}-${GOOS}-${GOARCH}"
+  KWOK_DIR="${CLUSTER_ROOT}/kwok-${KWOK_VERSION}-k8s-${K8S_VERSION}-${GOOS}-${GOARCH}"
+  have_loops() {
+    check_version "$1/kube-controller-manager" "Kubernetes v${K8S_VERSION}" --version &&
+      check_version "$1/kube-scheduler" "Kubernetes v${K8S_VERSION}" --version
+  }
+  have_kwok() {
+    check_version "$1/kwok" "${KWOK_VERSION}" --version
+  }
+  STEP="checking ${CLUSTER_ROOT}"
+  if ! { have_loops "${LOOPS_DIR}" && have_kwok "${KWOK_DIR}"; }; then
+    lock
+    if ! have_loops "${LOOPS_DIR}"; then
+      new_stage "loops-${K8S_VERSION}-${GOOS}-${GOARCH}"
+      build_k8s "${STAGE}" kube-controller-manager kube-scheduler
+      cd /
+      have_loops "${STAGE}" || { log "kube-controller-manager/kube-scheduler in ${STAGE} do not report v${K8S_VERSION}"; exit 1; }
+      install_stage "${LOOPS_DIR}"
+      rm -rf "${WORK}/k8s"
+    fi
+    if ! have_kwok "${KWOK_DIR}"; then
+      new_stage "kwok-${KWOK_VERSION}-k8s-${K8S_VERSION}-${GOOS}-${GOARCH}"
+      build_kwok "${STAGE}"
+      cd /
+      have_kwok "${STAGE}" || { log "kwok in ${STAGE} does not report v${KWOK_VERSION}"; exit 1; }
+      install_stage "${KWOK_DIR}"
+    fi
+  else
+    log "up to date: kube-controller-manager/kube-scheduler v${K8S_VERSION}, kwok v${KWOK_VERSION}"
+  fi
+  echo "${LOOPS_DIR}:${KWOK_DIR}" >&3
+  exit 0
+fi
+
+# Fast path: everything present and at the right version.
+STEP="checking ${ASSETS_DIR}"
+if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
+  log "up to date: kube-apiserver/kubectl v${K8S_VERSION}, etcd v${ETCD_VERSION}"
+  echo "${ASSETS_DIR}" >&3
+  exit 0
+fi
+
+lock
+# Another run may have finished the job while we waited.
+if have_k8s "${ASSETS_DIR}" && have_etcd "${ASSETS_DIR}"; then
+  log "up to date (built by a concurrent run)"
+  echo "${ASSETS_DIR}" >&3
+  exit 0
+fi
+
+new_stage "${K8S_VERSION}-${GOOS}-${GOARCH}"
+
+# Reuse binaries that are already fine (e.g. only ETCD_VERSION changed).
+BUILD_K8S=1 BUILD_ETCD=1
+if have_k8s "${ASSETS_DIR}"; then
+  BUILD_K8S=0; cp -p "${ASSETS_DIR}/kube-apiserver" "${ASSETS_DIR}/kubectl" "${STAGE}/"
+fi
+if have_etcd "${ASSETS_DIR}"; then
+  BUILD_ETCD=0; cp -p "${ASSETS_DIR}/etcd" "${STAGE}/"
+fi
+
+if (( BUILD_ETCD )); then build_etcd "${STAGE}"; fi
+if (( BUILD_K8S )); then build_k8s "${STAGE}" kube-apiserver kubectl; fi
 cd /
 
 STEP="verifying built binaries"
 have_k8s "${STAGE}" || { log "kube-apiserver/kubectl in ${STAGE} do not report v${K8S_VERSION}"; exit 1; }
 have_etcd "${STAGE}" || { log "etcd in ${STAGE} does not report ${ETCD_VERSION}"; exit 1; }
-chmod 0755 "${STAGE}"
 
-# Swap the complete directory into place. A rename is atomic, so readers see
-# either the old directory, nothing, or the complete new one -- never a half
-# built one.
-STEP="installing into ${ASSETS_DIR}"
-if [[ -e "${ASSETS_DIR}" ]]; then
-  OLD="${STAGE}.old"
-  # setup-envtest leaves its downloads read-only, and moving a directory to
-  # another parent needs write permission on the directory itself.
-  chmod u+w "${ASSETS_DIR}"
-  mv "${ASSETS_DIR}" "${OLD}"
-  mv "${STAGE}" "${ASSETS_DIR}"
-  chmod -R u+w "${OLD}"
-  rm -rf "${OLD}"
-else
-  mv "${STAGE}" "${ASSETS_DIR}"
-fi
-STAGE=""
-
-log "installed: $(du -sh "${ASSETS_DIR}" | cut -f1) in ${ASSETS_DIR}"
+install_stage "${ASSETS_DIR}"
 echo "${ASSETS_DIR}" >&3

@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 	if theEnv != nil && theEnv.CP != nil {
 		_ = theEnv.CP.Stop()
 	}
+	stopClusterEnv(code != 0 || os.Getenv("E2E_KEEP") != "")
 	harness.KillAll()
 	harness.RemoveBuild()
 	if envDir != "" && code == 0 && os.Getenv("E2E_KEEP") == "" {
@@ -105,7 +106,7 @@ var nsSeq struct {
 // scenario starts a scenario in a fresh namespace; Cleanup closes it.
 func scenario(t tb, cfg harness.ScenarioConfig) *harness.Scenario {
 	t.Helper()
-	e := env(t)
+	e := envFor(t)
 	nsSeq.Lock()
 	nsSeq.n++
 	cfg.Namespace = fmt.Sprintf("e2e-%d-%s", nsSeq.n, dnsLabel(t.Name()))

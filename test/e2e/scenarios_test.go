@@ -35,6 +35,7 @@ func mustConverge(t *testing.T, ctx context.Context, s *harness.Scenario) {
 
 // TestScaleSteps: 8 → 10 → 16 → 4 pods under steady load.
 func TestScaleSteps(t *testing.T) {
+	playedInClusterWhenShort(t)
 	s := scenario(t, harness.ScenarioConfig{})
 	ctx := t.Context()
 	start := time.Now()
@@ -59,6 +60,7 @@ func TestScaleSteps(t *testing.T) {
 // its agent); the harness retries their creation as the ReplicaSet controller does, so they come
 // up while the new manager starts.
 func TestManagerKilledDuringScaleOut(t *testing.T) {
+	playedInClusterWhenShort(t)
 	s := scenario(t, harness.ScenarioConfig{})
 	ctx := t.Context()
 	start := time.Now()
@@ -113,6 +115,7 @@ func TestManagerKilledDuringScaleOut(t *testing.T) {
 // lower, the dead one cannot ack); the kubelet restarts it on the same address; it gets its
 // permits back.
 func TestAgentKilledAndRestarted(t *testing.T) {
+	playedInClusterWhenShort(t)
 	s := scenario(t, harness.ScenarioConfig{})
 	ctx := t.Context()
 	start := time.Now()
@@ -263,6 +266,7 @@ func suspendAndReclaim(t *testing.T, cfg harness.ScenarioConfig) (*harness.Scena
 
 // TestHPAFlapping: the HPA flaps 8 ↔ 12 every 2 s (10 s short, a minute full).
 func TestHPAFlapping(t *testing.T) {
+	playedInClusterWhenShort(t)
 	s := scenario(t, harness.ScenarioConfig{})
 	ctx := t.Context()
 	start := time.Now()

@@ -37,7 +37,32 @@ type Agent struct {
 	restarts int
 	// draining is set when its pod is being shut down: the app stops calling.
 	draining atomic.Bool
+	// gated is set while no traffic may reach it: in the cluster mode, until its pod is a
+	// ready endpoint (clusterpods.go); never in the simulated mode.
+	gated atomic.Bool
+	// firstCall is when the load generator first called it (UnixNano; 0: never), firstStatus
+	// the status of the first answer it got.
+	firstCall   atomic.Int64
+	firstStatus atomic.Int32
 }
+
+// FirstStatus is the HTTP status of the first answer the app got through the agent (0: none).
+func (a *Agent) FirstStatus() int { return int(a.firstStatus.Load()) }
+
+// Serving reports whether traffic may reach the agent (its pod is a ready endpoint in the
+// cluster mode; always in the simulated one).
+func (a *Agent) Serving() bool { return !a.gated.Load() }
+
+// FirstCall is when the app first called through the agent (zero: never).
+func (a *Agent) FirstCall() time.Time {
+	if n := a.firstCall.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// noteCall records the app's first call through the agent.
+func (a *Agent) noteCall() { a.firstCall.CompareAndSwap(0, time.Now().UnixNano()) }
 
 // SetDraining marks the pod as shutting down: the load generator's "app" stops calling.
 func (a *Agent) SetDraining() { a.draining.Store(true) }

@@ -118,7 +118,7 @@ func (l *Load) run(ctx context.Context) {
 		}
 		alive := map[*Agent]bool{}
 		for _, a := range l.cfg.Source.Agents() {
-			if a.Draining() {
+			if a.Draining() || !a.Serving() {
 				continue
 			}
 			alive[a] = true
@@ -167,8 +167,12 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 			continue
 		}
 		l.requests.Add(1)
+		a.noteCall()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := l.client.Do(req)
+		if err == nil {
+			a.firstStatus.CompareAndSwap(0, int32(resp.StatusCode))
+		}
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {

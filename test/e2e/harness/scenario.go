@@ -29,6 +29,9 @@ type Env struct {
 	IPs *IPPool
 	// Dir is where scenarios put their logs.
 	Dir string
+	// Cluster, when set, runs every scenario's workload on the real controllers, scheduler and
+	// kwok nodes (cluster.go) instead of the simulated ones (workload.go).
+	Cluster *Cluster
 }
 
 // ScenarioConfig sets up one downstream shared by one autoscaled Deployment.
@@ -212,7 +215,7 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		AgentArgs: agentArgs,
 		Namespace: cfg.Namespace, Name: cfg.Workload, MinReplicas: cfg.MinReplicas, MaxReplicas: cfg.MaxReplicas,
 		Deployment: cfg.Deployment, HPA: cfg.HPA, PodStartDelay: cfg.PodStartDelay, Terminating: cfg.Terminating,
-		Logf: cfg.Logf, NoAgents: !s.Pushing,
+		Logf: cfg.Logf, NoAgents: !s.Pushing, Cluster: e.Cluster,
 	})
 	if err := s.Workload.Create(ctx, cfg.Replicas); err != nil {
 		return nil, err
@@ -385,6 +388,9 @@ func (s *Scenario) cleanupObjects() {
 	_ = c.DeleteAllOf(ctx, &apportionv1.DownstreamQuota{}, ns)
 	_ = c.DeleteAllOf(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, ns)
 	_ = c.DeleteAllOf(ctx, &appsv1.Deployment{}, ns)
+	if s.Env.Cluster != nil {
+		_ = c.DeleteAllOf(ctx, &appsv1.ReplicaSet{}, ns)
+	}
 	var pods corev1.PodList
 	if c.List(ctx, &pods, ns) == nil {
 		for i := range pods.Items {

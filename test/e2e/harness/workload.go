@@ -45,6 +45,11 @@ type WorkloadConfig struct {
 	NoAgents bool
 	// Logf logs the workload's actions; nil discards.
 	Logf func(format string, args ...any)
+	// Cluster, when set, runs the workload on Kubernetes' own control loops (clusterpods.go):
+	// the real deployment and ReplicaSet controllers create and delete the pods, the real
+	// scheduler places them on kwok's nodes; the harness only plays the HPA and runs each
+	// pod's agent.
+	Cluster *Cluster
 }
 
 // Workload plays the HPA, the deployment controller and the kubelet for one Deployment.
@@ -63,6 +68,8 @@ type Workload struct {
 	// desired and current are what the HPA status says.
 	desired, current int32
 	wg               sync.WaitGroup
+	// cl runs the pods' agents in the cluster mode (nil otherwise).
+	cl *clusterPods
 }
 
 // NewWorkload prepares a workload; Create makes its objects.
@@ -103,6 +110,9 @@ func (w *Workload) hpa() *autoscalingv2.HorizontalPodAutoscaler {
 
 // Create creates the Deployment and the HPA with replicas, then the pods and their agents.
 func (w *Workload) Create(ctx context.Context, replicas int32) error {
+	if w.cfg.Cluster != nil {
+		return w.createInCluster(ctx, replicas)
+	}
 	d := w.deployment().DeepCopy()
 	d.Namespace, d.Spec.Replicas = w.cfg.Namespace, ptr.To(replicas)
 	if err := w.cp.Client.Create(ctx, d); err != nil {
@@ -450,6 +460,9 @@ type ScaleOptions struct {
 // spec.replicas, the deployment controller and kubelet create or delete pods (newest first),
 // and the HPA sees them (status.currentReplicas).
 func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
+	if w.cfg.Cluster != nil {
+		return w.scaleInCluster(ctx, n, o)
+	}
 	pause := func(phase string) error {
 		if o.BetweenPhases != nil {
 			o.BetweenPhases(phase)
@@ -510,6 +523,9 @@ func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
 
 // Close kills every agent and waits for the workload's goroutines.
 func (w *Workload) Close() {
+	if w.cl != nil {
+		w.cl.stop()
+	}
 	w.mu.Lock()
 	list := make([]*Agent, 0, len(w.agents))
 	for _, a := range w.agents {
