@@ -6,8 +6,9 @@ import (
 	"net/http"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
@@ -56,13 +57,14 @@ type admission struct {
 // half-open between the two looks) is given back, unused and uncounted, when the call is
 // refused or the app leaves later on.
 //
-// Waiting for a token or a permit ends when ctx ends (the app left: appLeft). Every call is
+// Time is clk's: the waits for a token or a permit are timed on it, and so is the time
+// admitting took. Waiting ends early when ctx ends (the app left: appLeft). Every call is
 // counted (requests, and rejections by reason) and the time it took to admit is observed
 // (acquire wait); a call admitted more than 2×AcquireTimeout+stallSlack after it arrived is
 // stalled, its permit released and its ticket cancelled.
-func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView) admission {
+func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView) admission {
 	now := clk.Now()
-	start := time.Now()
+	start := now
 	ds.CountRequest(now)
 
 	// 2. Degrade switches (1, unknown downstream, is the caller's).
@@ -106,20 +108,22 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 			giveBack()
 			return refuse(fallback.RateLimited, metrics.ReasonRateLimited, 0, now)
 		}
-		if wait > 0 && !sleep(ctx, wait) {
+		if wait > 0 && !sleep(ctx, clk, wait) {
 			giveBack()
 			return admission{verdict: appLeft}
 		}
 	}
 	// 5. Permit, then 6, the ticket of a closed or half-open breaker.
 	if !ds.Sem.TryAcquire() {
-		remaining := cfg.AcquireTimeout - time.Since(start)
+		remaining := cfg.AcquireTimeout - clk.Since(start)
 		if ds.Effective() == 0 || remaining <= 0 {
 			giveBack()
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 		}
-		wctx, cancel := context.WithTimeout(ctx, remaining)
+		wctx, cancel := context.WithCancel(ctx)
+		timer := clk.AfterFunc(remaining, cancel)
 		err := ds.Sem.Acquire(wctx)
+		timer.Stop()
 		cancel()
 		if err != nil {
 			giveBack()
@@ -138,7 +142,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
 		}
 	}
-	waited := time.Since(start)
+	waited := clk.Since(start)
 	ds.Metrics.AcquireWait.Observe(waited.Seconds())
 	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
 	// this process was frozen or starved between admitting the call and forwarding it: its lease
@@ -163,11 +167,12 @@ func requestView(r *http.Request) degrade.RequestView {
 // as stalled rather than slow to schedule.
 const stallSlack = 500 * time.Millisecond
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
+// sleep waits d on clk; false: ctx ended first.
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 		return true
 	case <-ctx.Done():
 		return false

@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
@@ -18,14 +19,14 @@ import (
 // The admission pipeline on its own: an Enforcer holding the downstream, a fake clock, no HTTP.
 
 type admitRig struct {
-	clk *clock.Fake
+	clk *clocktesting.FakeClock
 	enf *enforce.Enforcer
 	m   *metrics.Metrics
 }
 
 func newAdmitRig(t *testing.T, sw []assignment.Switch, d assignment.Downstream) *admitRig {
 	t.Helper()
-	r := &admitRig{clk: clock.NewFake(t0), m: metrics.New()}
+	r := &admitRig{clk: clocktesting.NewFakeClock(t0), m: metrics.New()}
 	r.enf = enforce.New(enforce.Options{Clock: r.clk, Metrics: r.m, Logger: quietLogger()})
 	if _, err := r.enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
 		Downstreams: []assignment.Downstream{d}, Switches: sw}, time.Time{}); err != nil {
@@ -102,7 +103,7 @@ func TestAdmitOpenBreakerTakesNoTokenNorPermit(t *testing.T) {
 	d.Rate = &assignment.Rate{PerSecond: 1, Burst: 1, Mode: assignment.ModeTokenBucket}
 	r := newAdmitRig(t, nil, d)
 	r.openBreaker(t, 2)
-	r.clk.Advance(10 * time.Second)
+	r.clk.Step(10 * time.Second)
 	ad := r.admit(context.Background(), http.MethodGet)
 	wantRefused(t, ad, fallback.CircuitOpen, 20*time.Second)
 	if ad.action != &r.ds().Config().Fallback || ad.at != t0.Add(10*time.Second) {
@@ -112,7 +113,7 @@ func TestAdmitOpenBreakerTakesNoTokenNorPermit(t *testing.T) {
 		t.Fatalf("in flight %d, rejected{circuit-open} %v", r.inFlight(), r.rejected(t, "circuit-open"))
 	}
 	// The rate token is still there: once the breaker admits a probe, the call goes through.
-	r.clk.Advance(20 * time.Second)
+	r.clk.Step(20 * time.Second)
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("probe after openDuration = %+v, want admitted", ad)
 	}
@@ -132,7 +133,8 @@ func TestAdmitRateLimited(t *testing.T) {
 	}
 }
 
-// 5. No permit: at once when the effective limit is 0, else after AcquireTimeout.
+// 5. No permit: at once when the effective limit is 0, else once AcquireTimeout passed on the
+// clock.
 func TestAdmitNoPermit(t *testing.T) {
 	r := newAdmitRig(t, nil, admitDownstream(0))
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.NoPermit, 0)
@@ -141,9 +143,47 @@ func TestAdmitNoPermit(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("first call = %+v", ad)
 	}
-	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.NoPermit, 0)
+	lease := r.clk.Waiters() // the lease's timer
+	done := make(chan admission)
+	go func() { done <- r.admit(context.Background(), http.MethodGet) }()
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 && r.clk.Waiters() == lease+1 })
+	r.clk.Step(50*time.Millisecond - time.Nanosecond)
+	select {
+	case ad := <-done:
+		t.Fatalf("admission %+v before AcquireTimeout passed", ad)
+	default:
+	}
+	r.clk.Step(time.Nanosecond)
+	ad := <-done
+	wantRefused(t, ad, fallback.NoPermit, 0)
+	if ad.at != t0.Add(50*time.Millisecond) {
+		t.Fatalf("refused at %v, want t0+50ms", ad.at)
+	}
 	if r.inFlight() != 1 || r.rejected(t, "no-permit") != 1 {
 		t.Fatalf("in flight %d, rejected{no-permit} %v", r.inFlight(), r.rejected(t, "no-permit"))
+	}
+}
+
+// 4 and 5 on the clock: a rate wait within AcquireTimeout is waited on the clock, and only what
+// is left of AcquireTimeout after it is waited for a permit.
+func TestAdmitRateWaitCountsAgainstAcquireTimeout(t *testing.T) {
+	d := admitDownstream(1)
+	d.AcquireTimeout = assignment.Duration(time.Second)
+	d.Rate = &assignment.Rate{PerSecond: 2, Burst: 1, Mode: assignment.ModeTokenBucket}
+	r := newAdmitRig(t, nil, d)
+	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted { // the token and the permit
+		t.Fatalf("first call = %+v", ad)
+	}
+	lease := r.clk.Waiters() // the lease's timer
+	done := make(chan admission)
+	go func() { done <- r.admit(context.Background(), http.MethodGet) }()
+	waitFor(t, func() bool { return r.clk.Waiters() == lease+1 }) // the rate wait: 500 ms for the next token
+	r.clk.Step(500 * time.Millisecond)
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 && r.clk.Waiters() == lease+1 }) // then the permit
+	r.clk.Step(500 * time.Millisecond)
+	wantRefused(t, <-done, fallback.NoPermit, 0)
+	if r.clk.Since(t0) != time.Second {
+		t.Fatalf("refused after %v, want the acquire timeout of 1s in all", r.clk.Since(t0))
 	}
 }
 
@@ -152,7 +192,7 @@ func TestAdmitNoPermit(t *testing.T) {
 func TestAdmitHalfOpenProbeSlotsTaken(t *testing.T) {
 	r := newAdmitRig(t, nil, withBreaker(admitDownstream(4), 2, 1, 30*time.Second))
 	r.openBreaker(t, 2)
-	r.clk.Advance(30 * time.Second)
+	r.clk.Step(30 * time.Second)
 	probe := r.admit(context.Background(), http.MethodGet)
 	if probe.verdict != admitted || probe.ticket == (breaker.Ticket{}) {
 		t.Fatalf("probe = %+v, want admitted with a ticket", probe)
@@ -178,7 +218,7 @@ func TestAdmitAppLeavesWhileWaiting(t *testing.T) {
 		t.Fatal("TryAcquire")
 	}
 	r.openBreaker(t, 2)
-	r.clk.Advance(30 * time.Second) // half-open, one probe slot
+	r.clk.Step(30 * time.Second) // half-open, one probe slot
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan admission)
 	go func() { done <- r.admit(ctx, http.MethodGet) }()
@@ -193,5 +233,53 @@ func TestAdmitAppLeavesWhileWaiting(t *testing.T) {
 	r.ds().Sem.Release()
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("next probe = %+v, want admitted: the abandoned call's probe slot was given back", ad)
+	}
+}
+
+// jumpingClock is a fake clock that moves by jump at every read after the first: a process
+// frozen between the steps of admission.
+type jumpingClock struct {
+	*clocktesting.FakeClock
+	jump  time.Duration
+	reads int
+}
+
+func (c *jumpingClock) Now() time.Time {
+	if c.reads++; c.reads > 1 {
+		c.Step(c.jump)
+	}
+	return c.FakeClock.Now()
+}
+
+func (c *jumpingClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// A call admitted far later than admission can take (2×AcquireTimeout + stallSlack) is not
+// forwarded: the permit and the breaker's ticket are given back.
+func TestAdmitStalled(t *testing.T) {
+	r := newAdmitRig(t, nil, withBreaker(admitDownstream(1), 2, 1, 30*time.Second))
+	ds := r.ds()
+	for _, tc := range []struct {
+		jump time.Duration
+		want verdict
+	}{
+		{jump: 0, want: admitted},
+		{jump: 2*50*time.Millisecond + stallSlack + time.Millisecond, want: stalled},
+	} {
+		clk := &jumpingClock{FakeClock: clocktesting.NewFakeClock(t0), jump: tc.jump}
+		ad := admit(context.Background(), clk, r.enf.Table(), ds, ds.Config(), degrade.RequestView{Method: http.MethodGet})
+		if ad.verdict != tc.want {
+			t.Fatalf("admission after a jump of %v = %+v, want verdict %d", tc.jump, ad, tc.want)
+		}
+		if ad.verdict == admitted {
+			ad.ticket.Cancel()
+			ds.Sem.Release()
+		}
+		if r.inFlight() != 0 {
+			t.Fatalf("after a jump of %v: %d permits held", tc.jump, r.inFlight())
+		}
+	}
+	// The stalled call's ticket was cancelled, not recorded: the breaker counted no call.
+	if st := ds.Breaker().State(t0); st != breaker.Closed {
+		t.Fatalf("breaker %v", st)
 	}
 }

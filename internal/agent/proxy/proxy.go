@@ -80,8 +80,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/h1"
@@ -104,7 +105,7 @@ type Options struct {
 // Handler is the data plane handler.
 type Handler struct {
 	enf   *enforce.Enforcer
-	clock clock.Clock
+	clock clock.WithDelayedExecution // the Enforcer's: admission, the calls' durations, the stale cache's ages
 	rp    *httputil.ReverseProxy
 	up    *h1.Client      // the lean client; nil when Options.Transport sends every call
 	stale *fallback.Cache // nil: nothing is cached
@@ -180,12 +181,15 @@ type call struct {
 	cfg    *enforce.Config
 	rest   string // escaped path after /<downstream>, "" or starting with "/"
 	appCtx context.Context
-	// deadline is now + RequestTimeout at admission; ctx is appCtx without its cancellation
+	// deadline is now + RequestTimeout at admission, on the wall clock (ioDeadline); ctx is
+	// appCtx without its cancellation
 	// and with that deadline, for the ReverseProxy path only (the lean client puts the
 	// deadline on its connection: no timer per call).
 	deadline time.Time
 	ctx      context.Context
 
+	// sent is when the request was sent and took how long the answer's head took to come, both
+	// on the injected clock: took is what the breaker judges slow.
 	sent    time.Time
 	took    time.Duration
 	status  int
@@ -233,6 +237,16 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
 }
+
+// ioDeadline is a call's deadline, RequestTimeout from now on the wall clock, not the injected
+// one: it is the deadline of the call's sockets (the upstream connection's, and the app's
+// through the server), which only the wall clock drives. The call's duration, which the breaker
+// judges, is measured on the injected clock (call.sent, call.took).
+func ioDeadline(requestTimeout time.Duration) time.Time { return time.Now().Add(requestTimeout) }
+
+// pastDeadline reports whether the call's (wall-clock) deadline has passed: an error that is
+// not a timeout but came at the deadline is one (see ioDeadline).
+func (c *call) pastDeadline() bool { return !time.Now().Before(c.deadline) }
 
 // past is a deadline already passed: set on a connection, it ends a read or write in progress.
 var past = time.Unix(1, 0)
@@ -309,7 +323,7 @@ func (c *call) appError(upstreamErr error) (status int, code, detail string, ok 
 		return http.StatusBadRequest, CodeBadRequest, "the request body is malformed or was cut: " + appBodyError(err), true
 	}
 	if !c.ab.eof.Load() && (err != nil || c.ab.cut.Load() || c.ab.reading.Load()) &&
-		(isTimeout(upstreamErr) || !time.Now().Before(c.deadline)) {
+		(isTimeout(upstreamErr) || c.pastDeadline()) {
 		return http.StatusRequestTimeout, CodeRequestTimeout,
 			"the request body did not arrive within the downstream's requestTimeout of " + c.cfg.RequestTimeout.String(), true
 	}
@@ -402,7 +416,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tk := ad.ticket
 
 	// 7. Forward; 8, release and record, in the deferred function.
-	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: time.Now().Add(cfg.RequestTimeout)}
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: ioDeadline(cfg.RequestTimeout)}
 	// The app's side is bounded by the call's deadline too: reading its request body and
 	// writing the answer hold the permit, and an app that stops sending or reading must not
 	// hold it past requestTimeout (see appDeadlines).
@@ -530,7 +544,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 		out.Body = noRetryBody{}
 		out.ContentLength = 0
 	}
-	c.sent = time.Now()
+	c.sent = c.h.clock.Now()
 }
 
 func (h *Handler) modifyResponse(res *http.Response) error {
@@ -543,7 +557,7 @@ func (h *Handler) modifyResponse(res *http.Response) error {
 // ReverseProxy needs), puts the call in front of the response body: see Read.
 func (c *call) gotResponse(res *http.Response) {
 	c.status = res.StatusCode
-	c.took = time.Since(c.sent)
+	c.took = c.h.clock.Since(c.sent)
 	if res.StatusCode == http.StatusTooManyRequests {
 		c.ds.CountUpstream429()
 	}
@@ -598,13 +612,13 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 func (c *call) fail(w http.ResponseWriter, err error) {
 	c.err = err
 	if !c.sent.IsZero() {
-		c.took = time.Since(c.sent)
+		c.took = c.h.clock.Since(c.sent)
 	}
 	if c.appCtx.Err() != nil {
 		return // the app left: nobody to answer
 	}
 	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(c.deadline) {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || c.pastDeadline() {
 		writeProblem(w, http.StatusGatewayTimeout, CodeUpstreamTimeout, "Upstream timeout",
 			"the downstream did not answer within its requestTimeout of "+c.cfg.RequestTimeout.String(), c.cfg.Name)
 		return
