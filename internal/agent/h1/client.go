@@ -343,6 +343,7 @@ type exchange struct {
 	body     io.ReadCloser // the answer's body as read from the connection
 	close    bool          // the answer does not allow keep-alive
 	ended    bool          // the connection was pooled or closed
+	eof      bool          // ... after the body's end was read
 }
 
 // waitBody waits for the request body's writer and reports whether the whole request was
@@ -379,13 +380,16 @@ func (ex *exchange) waitBody() bool {
 // Read reads the answer's body; its end (io.EOF) or failure ends the exchange.
 func (ex *exchange) Read(b []byte) (int, error) {
 	if ex.ended {
-		return 0, errors.New("h1: read of an ended answer body")
+		if ex.eof {
+			return 0, io.EOF
+		}
+		return 0, errReadAfterEnd
 	}
 	n, err := ex.body.Read(b)
 	switch {
 	case err == nil:
 	case errors.Is(err, io.EOF):
-		ex.ended = true
+		ex.ended, ex.eof = true, true
 		if ex.waitBody() && !ex.close {
 			ex.p.put(ex.host, ex.uc)
 		} else {
@@ -399,6 +403,8 @@ func (ex *exchange) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+var errReadAfterEnd = errors.New("h1: read of an answer body that failed or was closed")
 
 // Close ends an exchange whose answer's body was not read to its end: the connection is closed
 // (the rest cannot be skipped reliably) once the request body's writer has finished.
