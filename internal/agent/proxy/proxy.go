@@ -40,7 +40,11 @@
 //  8. The permit is released and the breaker records the outcome: a failure is a 5xx, a 429,
 //     no response (a timeout, a connection error, or the app giving up first: from its side
 //     the call failed) or a body that broke on the upstream's side; a slow call is one at or
-//     above the breaker's threshold, measured to the response header.
+//     above the breaker's threshold, measured to the response header on the Enforcer's clock
+//     (k8s.io/utils/clock: a fake one in tests can make a call slow).
+//
+// Steps 2 to 6 are admit (admission.go), a function of the downstream's state and the clock
+// that is tested without HTTP.
 //
 // Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
 // (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
