@@ -51,7 +51,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/clock"
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -81,7 +82,7 @@ type Options struct {
 	// Rejected counts a request refused by authentication, by reason; nil: not counted.
 	Rejected func(reason string)
 	// Clock is the time for signature checks; nil means the real clock.
-	Clock clock.Clock
+	Clock clock.PassiveClock
 	// Metrics serves GET /metrics; nil answers 404.
 	Metrics http.Handler
 	// Logger; nil means slog.Default().
@@ -100,7 +101,7 @@ type handler struct {
 // New returns the control API handler.
 func New(o Options) http.Handler {
 	if o.Clock == nil {
-		o.Clock = clock.Real{}
+		o.Clock = clock.RealClock{}
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = assignment.DefaultMaxBytes

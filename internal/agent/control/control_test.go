@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/control"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/metrics"
@@ -53,7 +53,7 @@ func (s *syncBuffer) String() string {
 
 type fixture struct {
 	stalled atomic.Bool
-	clk     *clock.Fake
+	clk     *clocktesting.FakeClock
 	enf     *enforce.Enforcer
 	srv     *httptest.Server
 	to      assignment.Endpoint
@@ -63,7 +63,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, auth bool) *fixture {
 	t.Helper()
-	f := &fixture{clk: clock.NewFake(t0), logs: &syncBuffer{}}
+	f := &fixture{clk: clocktesting.NewFakeClock(t0), logs: &syncBuffer{}}
 	log := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := metrics.New()
 	f.metrics = m
@@ -270,7 +270,7 @@ func TestReplayedPushDoesNotReviveAnExpiredLease(t *testing.T) {
 	if status, _, b := f.raw(t, http.MethodPut, assignment.PathAssignment, body, sign); status != 200 {
 		t.Fatalf("push: %d %s", status, b)
 	}
-	f.clk.Advance(31 * time.Second) // the 30 s lease lapses
+	f.clk.Step(31 * time.Second) // the 30 s lease lapses
 	if st := f.enf.State(); !st.LeaseExpired || st.Downstreams[0].EffectivePermits != 2 {
 		t.Fatalf("lease did not lapse: %+v", st)
 	}
@@ -310,7 +310,7 @@ func TestPushStateAndFencing(t *testing.T) {
 		}
 	}
 	// Same pair: renewal, after the lease expired.
-	f.clk.Advance(30 * time.Second)
+	f.clk.Step(30 * time.Second)
 	st, err = c.State(ctx, f.to, 2)
 	if err != nil || !st.LeaseExpired || st.Downstreams[0].EffectivePermits != 2 {
 		t.Fatalf("state after expiry = %+v, %v", st, err)

@@ -29,7 +29,7 @@
 // so clocks should agree to well under LeaseTTL (NTP does).
 //
 // Lease. While the lease holds, a downstream's effective limit is Permits. When LeaseTTL passes
-// without renewal (timed with the injected clock.Clock), it drops to min(Permits,
+// without renewal (timed with the injected k8s.io/utils/clock), it drops to min(Permits,
 // SafeDefaultPermits), or to 0 with FailClosed (every call then gets the fallback at once):
 // never unlimited and never above what it held. A renewal, or any newer Assignment, restores
 // Permits. The --bootstrap configuration is applied as epoch 0, generation 0, already on safe
@@ -56,15 +56,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/clock"
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
 // Options configure an Enforcer.
 type Options struct {
-	// Clock times the lease and reads "now"; nil means the real clock.
-	Clock clock.Clock
+	// Clock times the lease and reads "now" for the agent (the data plane reads the Enforcer's);
+	// nil means the real clock. Tests pass k8s.io/utils/clock/testing's FakeClock.
+	Clock clock.WithDelayedExecution
 	// Metrics receives per-downstream children; nil creates a private set.
 	Metrics *metrics.Metrics
 	// Logger; nil means slog.Default().
@@ -73,7 +75,7 @@ type Options struct {
 
 // Enforcer applies Assignments and publishes the Table.
 type Enforcer struct {
-	clock   clock.Clock
+	clock   clock.WithDelayedExecution
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
@@ -102,7 +104,7 @@ type Enforcer struct {
 // New returns an Enforcer holding an empty table: every call is to an unknown downstream.
 func New(o Options) *Enforcer {
 	if o.Clock == nil {
-		o.Clock = clock.Real{}
+		o.Clock = clock.RealClock{}
 	}
 	if o.Metrics == nil {
 		o.Metrics = metrics.New()
@@ -117,14 +119,8 @@ func New(o Options) *Enforcer {
 	return e
 }
 
-// passive adapts the Enforcer's clock to the recovery controller's.
-type passive struct{ c clock.Clock }
-
-func (p passive) Now() time.Time                  { return p.c.Now() }
-func (p passive) Since(t time.Time) time.Duration { return p.c.Now().Sub(t) }
-
 // Clock is the Enforcer's clock.
-func (e *Enforcer) Clock() clock.Clock { return e.clock }
+func (e *Enforcer) Clock() clock.WithDelayedExecution { return e.clock }
 
 // Table is the configuration in force now. It is never nil.
 //
@@ -248,7 +244,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 		cfg := cfgs[i]
 		ds := old.byName[d.Name]
 		if ds == nil {
-			ds = newDownstream(d.Name, cfg, e.metrics, passive{e.clock}, now)
+			ds = newDownstream(d.Name, cfg, e.metrics, e.clock, now)
 			created = append(created, d.Name)
 		} else {
 			ds.reconfigure(cfg, now)
@@ -310,7 +306,11 @@ func (e *Enforcer) armLeaseLocked(now, end time.Time) {
 	seq := e.leaseSeq
 	e.leaseExpiresAt = end
 	e.leaseDeadline.Store(e.leaseExpiresAt.UnixNano())
-	e.leaseTimer = e.clock.AfterFunc(end.Sub(now), func() { e.expire(seq) })
+	// The expiry runs on its own goroutine: a fake clock calls the function while it holds its
+	// own lock, and e.mu may be held by a caller waiting for that lock (Apply arming the next
+	// timer). Table, State and MetricsSnapshot expire a lease that passed before its timer
+	// ran, so nothing reads a lapsed lease as held meanwhile.
+	e.leaseTimer = e.clock.AfterFunc(end.Sub(now), func() { go e.expire(seq) })
 }
 
 func (e *Enforcer) expire(seq uint64) {
@@ -335,9 +335,18 @@ func (e *Enforcer) expireLocked(seq uint64) {
 
 // State is the agent's State (the answer of every control call).
 func (e *Enforcer) State() assignment.State {
+	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.stateLocked(e.clock.Now())
+	e.expirePassedLocked(now)
+	return e.stateLocked(now)
+}
+
+// expirePassedLocked expires the lease when it passed at now but its timer has not run yet.
+func (e *Enforcer) expirePassedLocked(now time.Time) {
+	if d := e.leaseDeadline.Load(); d != 0 && now.UnixNano() >= d {
+		e.expireLocked(e.leaseSeq)
+	}
 }
 
 func (e *Enforcer) stateLocked(now time.Time) assignment.State {
@@ -363,10 +372,11 @@ func (e *Enforcer) stateLocked(now time.Time) assignment.State {
 
 // MetricsSnapshot implements metrics.Source.
 func (e *Enforcer) MetricsSnapshot() metrics.Snapshot {
+	now := e.clock.Now()
 	e.mu.Lock()
+	e.expirePassedLocked(now)
 	gen, expired := e.gen, e.leaseExpired
 	e.mu.Unlock()
-	now := e.clock.Now()
 	t := e.table.Load()
 	s := metrics.Snapshot{Generation: gen, LeaseExpired: expired}
 	for _, name := range t.names {

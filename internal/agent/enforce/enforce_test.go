@@ -7,16 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/clock"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/agent/semaphore"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-func newTestEnforcer(t *testing.T) (*Enforcer, *clock.Fake) {
+func newTestEnforcer(t *testing.T) (*Enforcer, *clocktesting.FakeClock) {
 	t.Helper()
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	e := New(Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	return e, clk
 }
@@ -65,11 +67,11 @@ func TestLeaseExpiryAndRenewal(t *testing.T) {
 	if effective(t, e, "a") != 10 || effective(t, e, "b") != 4 {
 		t.Fatal("permits not in force")
 	}
-	clk.Advance(10*time.Second - time.Millisecond)
+	clk.Step(10*time.Second - time.Millisecond)
 	if effective(t, e, "a") != 10 || e.State().LeaseExpired {
 		t.Fatal("lease expired early")
 	}
-	clk.Advance(time.Millisecond)
+	clk.Step(time.Millisecond)
 	if got := effective(t, e, "a"); got != 3 {
 		t.Fatalf("after expiry a = %d, want safe default 3", got)
 	}
@@ -82,24 +84,24 @@ func TestLeaseExpiryAndRenewal(t *testing.T) {
 	}
 
 	// Renewal (same pair) restores Permits and restarts the lease from now.
-	clk.Advance(5 * time.Second)
+	clk.Step(5 * time.Second)
 	st = mustApply(t, e, a)
 	if st.LeaseExpired || effective(t, e, "a") != 10 || !st.LeaseExpiresAt.Equal(clk.Now().Add(10*time.Second)) {
 		t.Fatalf("renewal did not restore: %+v", st)
 	}
 	// Renewing before expiry pushes expiry out.
-	clk.Advance(8 * time.Second)
+	clk.Step(8 * time.Second)
 	mustApply(t, e, a)
-	clk.Advance(8 * time.Second)
+	clk.Step(8 * time.Second)
 	if effective(t, e, "a") != 10 {
 		t.Fatal("lease expired although it was renewed")
 	}
-	clk.Advance(2 * time.Second)
+	clk.Step(2 * time.Second)
 	if effective(t, e, "a") != 3 {
 		t.Fatal("renewed lease did not expire")
 	}
-	if clk.Pending() != 0 {
-		t.Fatalf("%d timers left after expiry", clk.Pending())
+	if clk.Waiters() != 0 {
+		t.Fatalf("%d timers left after expiry", clk.Waiters())
 	}
 }
 
@@ -108,7 +110,7 @@ func TestLeaseExpiryFailClosed(t *testing.T) {
 	d := ds("a", 10, 3)
 	d.FailClosed = true
 	mustApply(t, e, asg(1, 1, time.Second, d))
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if got := effective(t, e, "a"); got != 0 {
 		t.Fatalf("FailClosed after expiry = %d, want 0", got)
 	}
@@ -127,7 +129,7 @@ func TestLeaseExpiryKeepsCallsInFlight(t *testing.T) {
 			t.Fatal("permit refused under the limit")
 		}
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	st := e.State().Downstreams[0]
 	if st.InFlight != 3 || st.EffectivePermits != 1 {
 		t.Fatalf("after expiry %+v, want inFlight 3, effective 1", st)
@@ -235,7 +237,7 @@ func TestReadinessAndBootstrap(t *testing.T) {
 	if effective(t, e, "a") != 3 {
 		t.Fatal("bootstrap not on safe defaults")
 	}
-	clk.Advance(time.Hour)
+	clk.Step(time.Hour)
 	if effective(t, e, "a") != 3 {
 		t.Fatal("bootstrap limit changed with time")
 	}
@@ -261,7 +263,7 @@ func TestSwitchStates(t *testing.T) {
 	if len(st.Switches) != 2 || st.Switches[0].Name != "ns/y" || !st.Switches[0].Active || !st.Switches[1].Active {
 		t.Fatalf("switches = %+v", st.Switches)
 	}
-	clk.Advance(time.Minute)
+	clk.Step(time.Minute)
 	st = e.State()
 	if !st.Switches[0].Active || st.Switches[1].Active {
 		t.Fatalf("after 1m switches = %+v", st.Switches)
@@ -308,7 +310,7 @@ func TestStateReportsUptime(t *testing.T) {
 	if got := e.State().Uptime.D(); got != time.Millisecond {
 		t.Fatalf("uptime at start = %s, want the 1ms floor (0 would read as not reported)", got)
 	}
-	clk.Advance(90 * time.Second)
+	clk.Step(90 * time.Second)
 	if got := e.State().Uptime.D(); got != 90*time.Second {
 		t.Fatalf("uptime = %s, want 1m30s", got)
 	}
@@ -316,9 +318,9 @@ func TestStateReportsUptime(t *testing.T) {
 
 // stuckTimers is a clock whose timers never fire: the lease timer of a process that was frozen
 // and has not run its timer goroutine yet after resuming.
-type stuckTimers struct{ *clock.Fake }
+type stuckTimers struct{ *clocktesting.FakeClock }
 
-type noTimer struct{}
+type noTimer struct{ clock.Timer }
 
 func (noTimer) Stop() bool { return true }
 
@@ -327,14 +329,14 @@ func (stuckTimers) AfterFunc(time.Duration, func()) clock.Timer { return noTimer
 // A lease that passed while its timer has not fired yet is expired by the data plane's first
 // look at the table: no call is admitted on a lapsed lease.
 func TestLeasePassedBeforeItsTimerFiredIsExpiredOnLookup(t *testing.T) {
-	clk := stuckTimers{clock.NewFake(t0)}
+	clk := stuckTimers{clocktesting.NewFakeClock(t0)}
 	e := New(Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	mustApply(t, e, asg(1, 1, 10*time.Second, ds("a", 10, 3)))
-	clk.Advance(9 * time.Second)
+	clk.Step(9 * time.Second)
 	if got := effective(t, e, "a"); got != 10 {
 		t.Fatalf("limit %d within the lease, want 10", got)
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if got := effective(t, e, "a"); got != 3 {
 		t.Fatalf("limit %d once the lease passed (timer not fired), want the safe default 3", got)
 	}
@@ -360,7 +362,7 @@ func TestLeaseAnchoredToSignedTime(t *testing.T) {
 	if got := effective(t, e, "a"); got != 10 {
 		t.Fatalf("effective %d, want 10", got)
 	}
-	clk.Advance(11 * time.Second)
+	clk.Step(11 * time.Second)
 	if got := effective(t, e, "a"); got != 3 {
 		t.Fatalf("after the lease: effective %d, want the safe default 3", got)
 	}
@@ -381,7 +383,7 @@ func TestLeaseAnchoredToSignedTime(t *testing.T) {
 	}
 	// A push signed 4 s ago renews to signed + TTL, which is earlier than the lease held: a
 	// renewal never shortens a lease.
-	clk.Advance(2 * time.Second)
+	clk.Step(2 * time.Second)
 	st, err = e.Apply(a, clk.Now().Add(-4*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +417,7 @@ func TestLeaseAnchoredToSignedTime(t *testing.T) {
 		t.Fatalf("late new pair: effective %d, leaseExpired %v, generation %d", got, st.LeaseExpired, st.Generation)
 	}
 	// ... and its timer does not fire later into anything.
-	clk.Advance(time.Minute)
+	clk.Step(time.Minute)
 	if got := effective(t, e, "a"); got != 2 {
 		t.Fatalf("effective %d, want 2", got)
 	}

@@ -38,7 +38,7 @@ func TestLanesFollowTheLimit(t *testing.T) {
 	if st := ls.Sem.Stats(); st.Limit != 6 || st.Lanes[0].Reserve != 3 {
 		t.Fatalf("lanes after lowering %+v", st)
 	}
-	clk.Advance(2 * time.Second) // lease expires: min(6, safe 2)
+	clk.Step(2 * time.Second) // lease expires: min(6, safe 2)
 	if got := effective(t, e, "a"); got != 2 || ls.Sem.Stats().Limit != 2 {
 		t.Fatalf("after expiry: effective %d, lanes %d", got, ls.Sem.Stats().Limit)
 	}

@@ -18,12 +18,12 @@ func withRamp(d assignment.Downstream) assignment.Downstream {
 }
 
 // healthyWindow finishes n quick calls and lets the window end.
-func healthyWindow(e *Enforcer, clk interface{ Advance(time.Duration) }, name string, n int) {
+func healthyWindow(e *Enforcer, clk interface{ Step(time.Duration) }, name string, n int) {
 	d := e.Table().Lookup(name)
 	for range n {
 		d.Observe(time.Millisecond, false)
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	d.Tick()
 }
 
@@ -38,7 +38,7 @@ func TestRampOnFirstPermits(t *testing.T) {
 	if got := effective(t, e, "a"); got != 2 {
 		t.Fatalf("first permits: %d, want the ramp's start 2", got)
 	}
-	clk.Advance(5 * time.Second)
+	clk.Step(5 * time.Second)
 	e.Table().Lookup("a").Tick()
 	if got := effective(t, e, "a"); got != 2 {
 		t.Fatalf("windows without calls: %d, want 2 held", got)
@@ -82,7 +82,7 @@ func TestRampAfterBreakerCloses(t *testing.T) {
 	if b.State(clk.Now()) != breaker.Open {
 		t.Fatal("breaker did not open")
 	}
-	clk.Advance(5 * time.Second)
+	clk.Step(5 * time.Second)
 	tk, _, ok := b.Allow(clk.Now())
 	if !ok {
 		t.Fatal("half-open breaker refused the probe")
@@ -98,7 +98,7 @@ func TestRampAfterBreakerCloses(t *testing.T) {
 	for range 10 {
 		d.Observe(time.Millisecond, true)
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	d.Tick()
 	if got := effective(t, e, "a"); got != 1 {
 		t.Fatalf("after a failing window: %d, want 1", got)
@@ -116,7 +116,7 @@ func TestRampAfterLeaseRenewed(t *testing.T) {
 	if got := effective(t, e, "a"); got != 20 {
 		t.Fatalf("ramped: %d, want 20", got)
 	}
-	clk.Advance(10 * time.Second)
+	clk.Step(10 * time.Second)
 	if got := effective(t, e, "a"); got != 4 {
 		t.Fatalf("lease passed: %d, want the safe default 4", got)
 	}
@@ -128,7 +128,7 @@ func TestRampAfterLeaseRenewed(t *testing.T) {
 	for range 4 {
 		healthyWindow(e, clk, "a", 10)
 	}
-	clk.Advance(10 * time.Second)
+	clk.Step(10 * time.Second)
 	if got := effective(t, e, "a"); got != 4 {
 		t.Fatalf("lease passed: %d, want the safe default 4", got)
 	}

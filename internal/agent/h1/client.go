@@ -116,6 +116,7 @@ type upConn struct {
 	bw        *bufio.Writer
 	idleSince time.Time
 	peek      peeker
+	ex        exchange // the exchange in progress, if any
 }
 
 // headLimit reads from c at most remain bytes, then fails with errResponseHeadTooLarge.
@@ -298,10 +299,12 @@ type Target struct {
 // os.ErrDeadlineExceeded, io.ErrUnexpectedEOF, ...) or a *BadResponseError; a failure to read
 // req.Body is joined with the error of the exchange it cut short.
 //
-// The answer's body must be read to its end or closed: that ends the exchange, returns the
-// connection to the pool when the body ended cleanly, the answer allows keep-alive and the
-// request was written whole, and waits for the request body's writer. A body whose reading
-// fails has already closed its connection. Do never closes req.Body, except to end a read of it
+// The answer's body must be closed, and not used after: Close ends the exchange, waits for the
+// request body's writer, and returns the connection to the pool when the body was read to its
+// end (io.EOF), the answer allows keep-alive and the request was written whole; otherwise it
+// closes the connection. (The body is the connection's, reused by its next exchange: that is
+// why it must not be used after Close.) A body whose reading fails closes its connection at
+// once. Do never closes req.Body, except to end a read of it
 // that blocks the writer when the answer ended and the writer has not finished within
 // bodyWriteGrace (the upstream did not want the rest): req.Body's Close must then end that
 // read.
@@ -310,7 +313,8 @@ func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Resp
 	if err != nil {
 		return nil, err
 	}
-	ex := &exchange{p: p, uc: uc, host: t.Host, reqBody: req.Body}
+	ex := &uc.ex // the connection's: no allocation per call
+	*ex = exchange{p: p, uc: uc, host: t.Host, reqBody: req.Body}
 	writeRequestHead(uc.bw, req, t)
 	if req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0 {
 		ex.bodyDone = make(chan error, 1)
@@ -331,8 +335,8 @@ func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Resp
 	return res, nil
 }
 
-// exchange is one request on a connection, from the head written to the answer's body ended:
-// the answer's body as Do returns it.
+// exchange is one request on a connection, from the head written to the answer's body closed:
+// the answer's body as Do returns it. Each connection has one, reused.
 type exchange struct {
 	p       *Client
 	uc      *upConn
@@ -342,7 +346,8 @@ type exchange struct {
 	bodyDone chan error
 	body     io.ReadCloser // the answer's body as read from the connection
 	close    bool          // the answer does not allow keep-alive
-	ended    bool          // the connection was pooled or closed
+	eof      bool          // the body's end was read
+	ended    bool          // the body failed or was closed
 }
 
 // waitBody waits for the request body's writer and reports whether the whole request was
@@ -376,21 +381,19 @@ func (ex *exchange) waitBody() bool {
 	return false
 }
 
-// Read reads the answer's body; its end (io.EOF) or failure ends the exchange.
+// Read reads the answer's body; a failure closes the connection.
 func (ex *exchange) Read(b []byte) (int, error) {
 	if ex.ended {
-		return 0, errors.New("h1: read of an ended answer body")
+		return 0, errReadAfterEnd
+	}
+	if ex.eof {
+		return 0, io.EOF
 	}
 	n, err := ex.body.Read(b)
 	switch {
 	case err == nil:
 	case errors.Is(err, io.EOF):
-		ex.ended = true
-		if ex.waitBody() && !ex.close {
-			ex.p.put(ex.host, ex.uc)
-		} else {
-			ex.uc.close()
-		}
+		ex.eof = true
 	default:
 		// Broken after the head: the connection cannot be used again.
 		ex.ended = true
@@ -400,12 +403,22 @@ func (ex *exchange) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// Close ends an exchange whose answer's body was not read to its end: the connection is closed
-// (the rest cannot be skipped reliably) once the request body's writer has finished.
+var errReadAfterEnd = errors.New("h1: read of an answer body that failed or was closed")
+
+// Close ends the exchange (see Do).
 func (ex *exchange) Close() error {
-	if !ex.ended {
-		ex.ended = true
+	if ex.ended {
+		return nil
+	}
+	ex.ended = true
+	reuse := ex.eof && ex.waitBody() && !ex.close
+	if !reuse {
 		ex.waitBody()
+	}
+	ex.reqBody, ex.body = nil, nil // an idle connection keeps nothing of the call
+	if reuse {
+		ex.p.put(ex.host, ex.uc)
+	} else {
 		ex.uc.close()
 	}
 	return nil

@@ -7,8 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
@@ -74,13 +75,14 @@ func (a admission) releaseLane() {
 // half-open between the two looks) is given back, unused and uncounted, when the call is
 // refused or the app leaves later on.
 //
-// Waiting for a token or a permit ends when ctx ends (the app left: appLeft). Every call is
+// Time is clk's: the waits for a token or a permit are timed on it, and so is the time
+// admitting took. Waiting ends early when ctx ends (the app left: appLeft). Every call is
 // counted (requests, and rejections by reason) and the time it took to admit is observed
 // (acquire wait); a call admitted more than 2×AcquireTimeout+stallSlack after it arrived is
 // stalled, its permit released and its ticket cancelled.
-func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView, budget deadline.Budget) admission {
+func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView, budget deadline.Budget) admission {
 	now := clk.Now()
-	start := time.Now()
+	start := now
 	ds.CountRequest(now)
 	// The wait allowed for a token and a permit together.
 	maxWait := max(budget.Left(start, cfg.AcquireTimeout), 0)
@@ -144,7 +146,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 			// wait is when the limiter's next token accrues: the earliest a retry can pass it.
 			return refuse(fallback.RateLimited, metrics.ReasonRateLimited, wait, now)
 		}
-		if wait > 0 && !sleep(ctx, wait) {
+		if wait > 0 && !sleep(ctx, clk, wait) {
 			giveBack()
 			return admission{verdict: appLeft}
 		}
@@ -156,13 +158,15 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 	releaseLane := func() {}
 	if ls != nil {
 		if !ls.Sem.TryAcquire(lane) {
-			remaining := maxWait - time.Since(start)
+			remaining := maxWait - clk.Since(start)
 			if ds.Effective() == 0 || remaining <= 0 {
 				giveBack()
 				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 			}
-			wctx, cancel := context.WithTimeout(ctx, remaining)
+			wctx, cancel := context.WithCancel(ctx)
+			timer := clk.AfterFunc(remaining, cancel)
 			err := ls.Sem.Acquire(wctx, lane)
+			timer.Stop()
 			cancel()
 			if err != nil {
 				giveBack()
@@ -175,14 +179,16 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 		releaseLane = func() { ls.Sem.Release(lane) }
 	}
 	if !ds.Sem.TryAcquire() {
-		remaining := maxWait - time.Since(start)
+		remaining := maxWait - clk.Since(start)
 		if ds.Effective() == 0 || remaining <= 0 {
 			giveBack()
 			releaseLane()
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 		}
-		wctx, cancel := context.WithTimeout(ctx, remaining)
+		wctx, cancel := context.WithCancel(ctx)
+		timer := clk.AfterFunc(remaining, cancel)
 		err := ds.Sem.Acquire(wctx)
+		timer.Stop()
 		cancel()
 		if err != nil {
 			giveBack()
@@ -206,7 +212,7 @@ func admit(ctx context.Context, clk clock.Clock, t *enforce.Table, ds *enforce.D
 			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
 		}
 	}
-	waited := time.Since(start)
+	waited := clk.Since(start)
 	ds.Metrics.AcquireWait.Observe(waited.Seconds())
 	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
 	// this process was frozen or starved between admitting the call and forwarding it: its lease
@@ -242,11 +248,12 @@ const maxDegradeRetryAfter = time.Minute
 // as stalled rather than slow to schedule.
 const stallSlack = 500 * time.Millisecond
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
+// sleep waits d on clk; false: ctx ended first.
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 		return true
 	case <-ctx.Done():
 		return false

@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/degrade"
 	"github.com/apportion/apportion/internal/agent/enforce"
@@ -19,14 +20,14 @@ import (
 // The admission pipeline on its own: an Enforcer holding the downstream, a fake clock, no HTTP.
 
 type admitRig struct {
-	clk *clock.Fake
+	clk *clocktesting.FakeClock
 	enf *enforce.Enforcer
 	m   *metrics.Metrics
 }
 
 func newAdmitRig(t *testing.T, sw []assignment.Switch, d assignment.Downstream) *admitRig {
 	t.Helper()
-	r := &admitRig{clk: clock.NewFake(t0), m: metrics.New()}
+	r := &admitRig{clk: clocktesting.NewFakeClock(t0), m: metrics.New()}
 	r.enf = enforce.New(enforce.Options{Clock: r.clk, Metrics: r.m, Logger: quietLogger()})
 	if _, err := r.enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
 		Downstreams: []assignment.Downstream{d}, Switches: sw}, time.Time{}); err != nil {
@@ -108,7 +109,7 @@ func TestAdmitOpenBreakerTakesNoTokenNorPermit(t *testing.T) {
 	d.Rate = &assignment.Rate{PerSecond: 1, Burst: 1, Mode: assignment.ModeTokenBucket}
 	r := newAdmitRig(t, nil, d)
 	r.openBreaker(t, 2)
-	r.clk.Advance(10 * time.Second)
+	r.clk.Step(10 * time.Second)
 	ad := r.admit(context.Background(), http.MethodGet)
 	wantRefused(t, ad, fallback.CircuitOpen, 20*time.Second)
 	if ad.action != &r.ds().Config().Fallback || ad.at != t0.Add(10*time.Second) {
@@ -118,7 +119,7 @@ func TestAdmitOpenBreakerTakesNoTokenNorPermit(t *testing.T) {
 		t.Fatalf("in flight %d, rejected{circuit-open} %v", r.inFlight(), r.rejected(t, "circuit-open"))
 	}
 	// The rate token is still there: once the breaker admits a probe, the call goes through.
-	r.clk.Advance(20 * time.Second)
+	r.clk.Step(20 * time.Second)
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("probe after openDuration = %+v, want admitted", ad)
 	}
@@ -134,14 +135,15 @@ func TestAdmitRateLimited(t *testing.T) {
 		t.Fatalf("first call = %+v", ad)
 	}
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.RateLimited, time.Second)
-	r.clk.Advance(700 * time.Millisecond)
+	r.clk.Step(700 * time.Millisecond)
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.RateLimited, 300*time.Millisecond)
 	if r.inFlight() != 1 || r.rejected(t, "rate-limited") != 2 {
 		t.Fatalf("in flight %d (want the first call's 1), rejected{rate-limited} %v (want 2)", r.inFlight(), r.rejected(t, "rate-limited"))
 	}
 }
 
-// 5. No permit: at once when the effective limit is 0, else after AcquireTimeout.
+// 5. No permit: at once when the effective limit is 0, else once AcquireTimeout passed on the
+// clock.
 func TestAdmitNoPermit(t *testing.T) {
 	r := newAdmitRig(t, nil, admitDownstream(0))
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.NoPermit, 0)
@@ -150,9 +152,47 @@ func TestAdmitNoPermit(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("first call = %+v", ad)
 	}
-	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.NoPermit, 0)
+	lease := r.clk.Waiters() // the lease's timer
+	done := make(chan admission)
+	go func() { done <- r.admit(context.Background(), http.MethodGet) }()
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 && r.clk.Waiters() == lease+1 })
+	r.clk.Step(50*time.Millisecond - time.Nanosecond)
+	select {
+	case ad := <-done:
+		t.Fatalf("admission %+v before AcquireTimeout passed", ad)
+	default:
+	}
+	r.clk.Step(time.Nanosecond)
+	ad := <-done
+	wantRefused(t, ad, fallback.NoPermit, 0)
+	if ad.at != t0.Add(50*time.Millisecond) {
+		t.Fatalf("refused at %v, want t0+50ms", ad.at)
+	}
 	if r.inFlight() != 1 || r.rejected(t, "no-permit") != 1 {
 		t.Fatalf("in flight %d, rejected{no-permit} %v", r.inFlight(), r.rejected(t, "no-permit"))
+	}
+}
+
+// 4 and 5 on the clock: a rate wait within AcquireTimeout is waited on the clock, and only what
+// is left of AcquireTimeout after it is waited for a permit.
+func TestAdmitRateWaitCountsAgainstAcquireTimeout(t *testing.T) {
+	d := admitDownstream(1)
+	d.AcquireTimeout = assignment.Duration(time.Second)
+	d.Rate = &assignment.Rate{PerSecond: 2, Burst: 1, Mode: assignment.ModeTokenBucket}
+	r := newAdmitRig(t, nil, d)
+	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted { // the token and the permit
+		t.Fatalf("first call = %+v", ad)
+	}
+	lease := r.clk.Waiters() // the lease's timer
+	done := make(chan admission)
+	go func() { done <- r.admit(context.Background(), http.MethodGet) }()
+	waitFor(t, func() bool { return r.clk.Waiters() == lease+1 }) // the rate wait: 500 ms for the next token
+	r.clk.Step(500 * time.Millisecond)
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 && r.clk.Waiters() == lease+1 }) // then the permit
+	r.clk.Step(500 * time.Millisecond)
+	wantRefused(t, <-done, fallback.NoPermit, 0)
+	if r.clk.Since(t0) != time.Second {
+		t.Fatalf("refused after %v, want the acquire timeout of 1s in all", r.clk.Since(t0))
 	}
 }
 
@@ -161,7 +201,7 @@ func TestAdmitNoPermit(t *testing.T) {
 func TestAdmitHalfOpenProbeSlotsTaken(t *testing.T) {
 	r := newAdmitRig(t, nil, withBreaker(admitDownstream(4), 2, 1, 30*time.Second))
 	r.openBreaker(t, 2)
-	r.clk.Advance(30 * time.Second)
+	r.clk.Step(30 * time.Second)
 	probe := r.admit(context.Background(), http.MethodGet)
 	if probe.verdict != admitted || probe.ticket == (breaker.Ticket{}) {
 		t.Fatalf("probe = %+v, want admitted with a ticket", probe)
@@ -187,7 +227,7 @@ func TestAdmitAppLeavesWhileWaiting(t *testing.T) {
 		t.Fatal("TryAcquire")
 	}
 	r.openBreaker(t, 2)
-	r.clk.Advance(30 * time.Second) // half-open, one probe slot
+	r.clk.Step(30 * time.Second) // half-open, one probe slot
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan admission)
 	go func() { done <- r.admit(ctx, http.MethodGet) }()
@@ -212,7 +252,7 @@ func TestAdmitDegradeSwitchFarExpiry(t *testing.T) {
 		Action: assignment.Fallback{Action: assignment.ActionReject}}}
 	r := newAdmitRig(t, sw, admitDownstream(4))
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.Degraded, 0)
-	r.clk.Advance(time.Hour - 20*time.Second)
+	r.clk.Step(time.Hour - 20*time.Second)
 	wantRefused(t, r.admit(context.Background(), http.MethodGet), fallback.Degraded, 20*time.Second)
 }
 
@@ -252,7 +292,8 @@ func TestAdmitQueueDefaultsToPermits(t *testing.T) {
 	}
 }
 
-// The app's budget bounds the wait for a permit and for a token: never beyond it.
+// The app's budget bounds the wait for a permit and for a token: never beyond it (on the
+// agent's clock).
 func TestAdmitWaitsNoLongerThanTheBudget(t *testing.T) {
 	d := admitDownstream(1)
 	d.AcquireTimeout = assignment.Duration(5 * time.Second)
@@ -260,15 +301,24 @@ func TestAdmitWaitsNoLongerThanTheBudget(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("first call = %+v", ad)
 	}
-	start := time.Now()
-	ad := r.admitWithin(context.Background(), http.MethodGet, deadline.New(start, 50*time.Millisecond, true))
-	took := time.Since(start)
-	wantRefused(t, ad, fallback.NoPermit, 0)
-	if took < 40*time.Millisecond || took >= 5*time.Second {
-		t.Fatalf("refused after %v, want about the 50ms budget, well before the 5s acquire timeout", took)
+	lease := r.clk.Waiters() // the lease's timer
+	done := make(chan admission)
+	go func() {
+		done <- r.admitWithin(context.Background(), http.MethodGet, deadline.New(r.clk.Now(), 50*time.Millisecond, true))
+	}()
+	waitFor(t, func() bool { return r.ds().Sem.Stats().Waiting == 1 && r.clk.Waiters() == lease+1 })
+	r.clk.Step(50*time.Millisecond - time.Nanosecond)
+	select {
+	case ad := <-done:
+		t.Fatalf("refused before the 50ms budget ended: %+v", ad)
+	case <-time.After(20 * time.Millisecond):
 	}
+	r.clk.Step(time.Nanosecond)
+	wantRefused(t, <-done, fallback.NoPermit, 0) // at the budget, well before the 5s acquire timeout
 	// A budget already spent: no wait at all.
-	ad = r.admitWithin(context.Background(), http.MethodGet, deadline.New(start, time.Nanosecond, true))
+	spent := deadline.New(r.clk.Now(), time.Nanosecond, true)
+	r.clk.Step(time.Nanosecond)
+	ad := r.admitWithin(context.Background(), http.MethodGet, spent)
 	wantRefused(t, ad, fallback.NoPermit, 0)
 
 	// Rate: a token 1s away is not waited for with a 100ms budget, though the acquire timeout
@@ -280,5 +330,53 @@ func TestAdmitWaitsNoLongerThanTheBudget(t *testing.T) {
 	if ad := r.admit(context.Background(), http.MethodGet); ad.verdict != admitted {
 		t.Fatalf("first call = %+v", ad)
 	}
-	wantRefused(t, r.admitWithin(context.Background(), http.MethodGet, deadline.New(time.Now(), 100*time.Millisecond, true)), fallback.RateLimited, time.Second)
+	wantRefused(t, r.admitWithin(context.Background(), http.MethodGet, deadline.New(r.clk.Now(), 100*time.Millisecond, true)), fallback.RateLimited, time.Second)
+}
+
+// jumpingClock is a fake clock that moves by jump at every read after the first: a process
+// frozen between the steps of admission.
+type jumpingClock struct {
+	*clocktesting.FakeClock
+	jump  time.Duration
+	reads int
+}
+
+func (c *jumpingClock) Now() time.Time {
+	if c.reads++; c.reads > 1 {
+		c.Step(c.jump)
+	}
+	return c.FakeClock.Now()
+}
+
+func (c *jumpingClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// A call admitted far later than admission can take (2×AcquireTimeout + stallSlack) is not
+// forwarded: the permit and the breaker's ticket are given back.
+func TestAdmitStalled(t *testing.T) {
+	r := newAdmitRig(t, nil, withBreaker(admitDownstream(1), 2, 1, 30*time.Second))
+	ds := r.ds()
+	for _, tc := range []struct {
+		jump time.Duration
+		want verdict
+	}{
+		{jump: 0, want: admitted},
+		{jump: 2*50*time.Millisecond + stallSlack + time.Millisecond, want: stalled},
+	} {
+		clk := &jumpingClock{FakeClock: clocktesting.NewFakeClock(t0), jump: tc.jump}
+		ad := admit(context.Background(), clk, r.enf.Table(), ds, ds.Config(), degrade.RequestView{Method: http.MethodGet}, deadline.Budget{})
+		if ad.verdict != tc.want {
+			t.Fatalf("admission after a jump of %v = %+v, want verdict %d", tc.jump, ad, tc.want)
+		}
+		if ad.verdict == admitted {
+			ad.ticket.Cancel()
+			ds.Sem.Release()
+		}
+		if r.inFlight() != 0 {
+			t.Fatalf("after a jump of %v: %d permits held", tc.jump, r.inFlight())
+		}
+	}
+	// The stalled call's ticket was cancelled, not recorded: the breaker counted no call.
+	if st := ds.Breaker().State(t0); st != breaker.Closed {
+		t.Fatalf("breaker %v", st)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/apportion/apportion/internal/agent/h1"
 )
@@ -25,7 +24,7 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 		// app's read is cut (see abortBodyRead).
 		r.Body = (*leanBody)(c)
 	}
-	c.sent = time.Now()
+	c.sent = h.clock.Now()
 	res, err := h.up.Do(r, t, c.deadline) // the deadline is the connection's
 	if err != nil {
 		if c.failApp(w, err) {

@@ -20,10 +20,26 @@ func lanedDownstream(permits int32) assignment.Downstream {
 	return d
 }
 
+// admitLane runs one call to the laned downstream. A call that waits for a permit waits on the
+// fake clock: once it does, the clock is moved past the 1ms acquire timeout.
 func (r *admitRig) admitLane(method, path string) admission {
 	ds := r.ds()
-	return admit(context.Background(), r.clk, r.enf.Table(), ds, ds.Config(),
-		degrade.RequestView{Method: method, Path: path, Header: http.Header{}, Rand: func() uint32 { return 0 }}, deadline.Budget{})
+	waiters := r.clk.Waiters()
+	done := make(chan admission, 1)
+	go func() {
+		done <- admit(context.Background(), r.clk, r.enf.Table(), ds, ds.Config(),
+			degrade.RequestView{Method: method, Path: path, Header: http.Header{}, Rand: func() uint32 { return 0 }}, deadline.Budget{})
+	}()
+	for {
+		select {
+		case ad := <-done:
+			return ad
+		case <-time.After(time.Millisecond):
+			if r.clk.Waiters() > waiters {
+				r.clk.Step(time.Millisecond)
+			}
+		}
+	}
 }
 
 // Lanes in the pipeline: a flood of unmatched calls takes the shared permits and the lendable

@@ -52,7 +52,11 @@
 //     windows record the outcome: a failure is a 5xx, a 429,
 //     no response (a timeout, a connection error, or the app giving up first: from its side
 //     the call failed) or a body that broke on the upstream's side; a slow call is one at or
-//     above the breaker's threshold, measured to the response header.
+//     above the breaker's threshold, measured to the response header on the Enforcer's clock
+//     (k8s.io/utils/clock: a fake one in tests can make a call slow).
+//
+// Steps 2 to 6 are admit (admission.go), a function of the downstream's state and the clock
+// that is tested without HTTP.
 //
 // Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
 // (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
@@ -92,8 +96,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/apportion/apportion/internal/agent/breaker"
-	"github.com/apportion/apportion/internal/agent/clock"
 	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
@@ -117,7 +122,7 @@ type Options struct {
 // Handler is the data plane handler.
 type Handler struct {
 	enf   *enforce.Enforcer
-	clock clock.Clock
+	clock clock.WithDelayedExecution // the Enforcer's: admission, the calls' durations, the stale cache's ages
 	rp    *httputil.ReverseProxy
 	up    *h1.Client      // the lean client; nil when Options.Transport sends every call
 	stale *fallback.Cache // nil: nothing is cached
@@ -193,7 +198,8 @@ type call struct {
 	cfg    *enforce.Config
 	rest   string // escaped path after /<downstream>, "" or starting with "/"
 	appCtx context.Context
-	// deadline is now + RequestTimeout at admission; ctx is appCtx without its cancellation
+	// deadline is now + RequestTimeout at admission, on the wall clock (ioDeadline); ctx is
+	// appCtx without its cancellation
 	// and with that deadline, for the ReverseProxy path only (the lean client puts the
 	// deadline on its connection: no timer per call).
 	deadline time.Time
@@ -201,6 +207,8 @@ type call struct {
 	byApp bool
 	ctx   context.Context
 
+	// sent is when the request was sent and took how long the answer's head took to come, both
+	// on the injected clock: took is what the breaker judges slow.
 	sent    time.Time
 	took    time.Duration
 	status  int
@@ -248,6 +256,16 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = dl.SetWriteDeadline(c.deadline.Add(answerWriteGrace))
 }
+
+// ioDeadline is a call's deadline, RequestTimeout from now on the wall clock, not the injected
+// one: it is the deadline of the call's sockets (the upstream connection's, and the app's
+// through the server), which only the wall clock drives. The call's duration, which the breaker
+// judges, is measured on the injected clock (call.sent, call.took).
+func ioDeadline(requestTimeout time.Duration) time.Time { return time.Now().Add(requestTimeout) }
+
+// pastDeadline reports whether the call's (wall-clock) deadline has passed: an error that is
+// not a timeout but came at the deadline is one (see ioDeadline).
+func (c *call) pastDeadline() bool { return !time.Now().Before(c.deadline) }
 
 // past is a deadline already passed: set on a connection, it ends a read or write in progress.
 var past = time.Unix(1, 0)
@@ -324,7 +342,7 @@ func (c *call) appError(upstreamErr error) (status int, code, detail string, ok 
 		return http.StatusBadRequest, CodeBadRequest, "the request body is malformed or was cut: " + appBodyError(err), true
 	}
 	if !c.ab.eof.Load() && (err != nil || c.ab.cut.Load() || c.ab.reading.Load()) &&
-		(isTimeout(upstreamErr) || !time.Now().Before(c.deadline)) {
+		(isTimeout(upstreamErr) || c.pastDeadline()) {
 		return http.StatusRequestTimeout, CodeRequestTimeout,
 			"the request body did not arrive within the downstream's requestTimeout of " + c.cfg.RequestTimeout.String(), true
 	}
@@ -405,7 +423,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, CodeBadRequest, "Bad request", err.Error(), name)
 		return
 	} else if ok {
-		budget = deadline.New(time.Now(), d, true)
+		budget = deadline.New(h.clock.Now(), d, true)
 	}
 	// 2 to 6: admission.
 	cfg := ds.Config()
@@ -425,8 +443,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tk := ad.ticket
 
 	// 7. Forward; 8, release and record, in the deferred function. The upstream gets what is left
-	// of the app's budget, if that is less than requestTimeout.
-	now := time.Now()
+	// of the app's budget, if that is less than requestTimeout. The budget is on the agent's clock;
+	// the call's deadline is its sockets', on the wall clock (ioDeadline).
+	now := h.clock.Now()
 	dl, byApp := budget.Upstream(now, cfg.RequestTimeout)
 	if byApp && !dl.After(now) {
 		// The app's deadline passed while the call waited: nobody is waiting for its answer.
@@ -437,7 +456,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"the call's own deadline passed before it could be forwarded", name)
 		return
 	}
-	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: dl, byApp: byApp}
+	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: ioDeadline(dl.Sub(now)), byApp: byApp}
 	if budget.Set() {
 		passDeadline(r, dl.Sub(now))
 	}
@@ -605,7 +624,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 		out.Body = noRetryBody{}
 		out.ContentLength = 0
 	}
-	c.sent = time.Now()
+	c.sent = c.h.clock.Now()
 }
 
 func (h *Handler) modifyResponse(res *http.Response) error {
@@ -618,7 +637,7 @@ func (h *Handler) modifyResponse(res *http.Response) error {
 // ReverseProxy needs), puts the call in front of the response body: see Read.
 func (c *call) gotResponse(res *http.Response) {
 	c.status = res.StatusCode
-	c.took = time.Since(c.sent)
+	c.took = c.h.clock.Since(c.sent)
 	if res.StatusCode == http.StatusTooManyRequests {
 		c.ds.CountUpstream429()
 	}
@@ -673,13 +692,13 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 func (c *call) fail(w http.ResponseWriter, err error) {
 	c.err = err
 	if !c.sent.IsZero() {
-		c.took = time.Since(c.sent)
+		c.took = c.h.clock.Since(c.sent)
 	}
 	if c.appCtx.Err() != nil {
 		return // the app left: nobody to answer
 	}
 	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(c.deadline) {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || c.pastDeadline() {
 		detail := "the downstream did not answer within its requestTimeout of " + c.cfg.RequestTimeout.String()
 		if c.byApp {
 			detail = "the downstream did not answer within the call's own deadline"

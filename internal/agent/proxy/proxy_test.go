@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/clock"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/h1"
@@ -105,7 +107,7 @@ func serveAgent(t *testing.T, h http.Handler) testServer {
 }
 
 // newAgent serves a data plane on 127.0.0.1; clk nil means the real clock.
-func newAgent(t *testing.T, clk clock.Clock) *testAgent {
+func newAgent(t *testing.T, clk clock.WithDelayedExecution) *testAgent {
 	t.Helper()
 	m := metrics.New()
 	enf := enforce.New(enforce.Options{Clock: clk, Metrics: m, Logger: quietLogger()})
@@ -383,7 +385,7 @@ func TestBreakerOpensAndHalfOpenProbes(t *testing.T) {
 		<-release
 		io.WriteString(w, "ok")
 	})
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	d := withBreaker(downstream("flaky", up.URL, 50), 4, 2, 30*time.Second)
 	d.AcquireTimeout = assignment.Duration(time.Second)
@@ -397,7 +399,7 @@ func TestBreakerOpensAndHalfOpenProbes(t *testing.T) {
 	if r.status != 503 || problemCode(r) != "circuit-open" || r.header.Get("Retry-After") != "30" {
 		t.Fatalf("after 4 failures: %d %v %s", r.status, r.header, r.body)
 	}
-	clk.Advance(10 * time.Second)
+	clk.Step(10 * time.Second)
 	if r := a.do(t, http.MethodGet, "/flaky/"); r.header.Get("Retry-After") != "20" {
 		t.Fatalf("Retry-After after 10s = %q, want 20", r.header.Get("Retry-After"))
 	}
@@ -412,7 +414,7 @@ func TestBreakerOpensAndHalfOpenProbes(t *testing.T) {
 	}
 
 	// Half-open: 2 probes at most.
-	clk.Advance(20 * time.Second)
+	clk.Step(20 * time.Second)
 	failing.Store(false)
 	var wg sync.WaitGroup
 	results := make(chan result, 5)
@@ -501,7 +503,7 @@ func TestHangingUpstreamTimesOut(t *testing.T) {
 			closed <- struct{}{} // the agent closed the connection
 		}
 	})
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	d := downstream("hang", up.URL, 4)
 	d.RequestTimeout = assignment.Duration(100 * time.Millisecond)
@@ -524,11 +526,11 @@ func TestHangingUpstreamTimesOut(t *testing.T) {
 	if v := metricValue(t, a.metrics, "apportion_agent_abandoned_calls_total", "downstream", "hang"); v != 1 {
 		t.Fatalf("abandoned_calls_total = %v", v)
 	}
-	clk.Advance(99 * time.Millisecond) // the default hold is requestTimeout
+	clk.Step(99 * time.Millisecond) // the default hold is requestTimeout
 	if st := a.enf.State().Downstreams[0]; st.InFlight != 1 {
 		t.Fatalf("released before abandonedHold passed: %+v", st)
 	}
-	clk.Advance(time.Millisecond)
+	clk.Step(time.Millisecond)
 	if st := a.enf.State().Downstreams[0]; st.InFlight != 0 {
 		t.Fatalf("permit not released after abandonedHold: %+v", st)
 	}
@@ -625,7 +627,7 @@ func TestServeStaleAfterBreakerOpens(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"path":%q}`, r.URL.Path)
 	})
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	d := withBreaker(downstream("cat", up.URL, 4), 2, 1, time.Minute)
 	d.Fallback = assignment.Fallback{Action: assignment.ActionServeStale, MaxStaleness: assignment.Duration(5 * time.Minute)}
@@ -639,7 +641,7 @@ func TestServeStaleAfterBreakerOpens(t *testing.T) {
 			t.Fatalf("failing = %d", r.status)
 		}
 	}
-	clk.Advance(42 * time.Second)
+	clk.Step(42 * time.Second)
 	r := a.do(t, http.MethodGet, "/cat/items?page=1")
 	if r.status != 200 || r.body != `{"path":"/items"}` || r.header.Get("Content-Type") != "application/json" {
 		t.Fatalf("stale answer = %d %v %q", r.status, r.header, r.body)
@@ -652,7 +654,7 @@ func TestServeStaleAfterBreakerOpens(t *testing.T) {
 		t.Fatalf("uncached = %d %s", r.status, r.body)
 	}
 	// Too old: rejected.
-	clk.Advance(5 * time.Minute)
+	clk.Step(5 * time.Minute)
 	if r := a.do(t, http.MethodGet, "/cat/items?page=1"); r.status != 503 {
 		t.Fatalf("stale beyond maxStaleness = %d %s", r.status, r.body)
 	}
@@ -697,7 +699,7 @@ func TestStaticNeverAnswersPOSTWithSuccess(t *testing.T) {
 // A degrade switch answers with its action, then turns itself off at expiresAt.
 func TestDegradeSwitchAppliesAndExpires(t *testing.T) {
 	c, up := upstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "real") })
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	sw := []assignment.Switch{{
 		Name: "shop/pause-recs", Downstream: "recs", ExpiresAt: t0.Add(time.Minute), Percent: 100,
@@ -717,7 +719,7 @@ func TestDegradeSwitchAppliesAndExpires(t *testing.T) {
 	if v := metricValue(t, a.metrics, "apportion_agent_rejected_total", "downstream", "recs", "reason", "degraded"); v != 1 {
 		t.Fatalf("rejected_total{degraded} = %v", v)
 	}
-	clk.Advance(time.Minute)
+	clk.Step(time.Minute)
 	if r := a.do(t, http.MethodGet, "/recs/for/me"); r.body != "real" {
 		t.Fatalf("after expiry = %d %q", r.status, r.body)
 	}
@@ -731,7 +733,7 @@ func TestDegradeSwitchAppliesAndExpires(t *testing.T) {
 
 func TestRateLimited(t *testing.T) {
 	c, up := upstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	clk := clock.NewFake(t0)
+	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	d := downstream("rl", up.URL, 10)
 	d.Rate = &assignment.Rate{PerSecond: 1, Burst: 2, Mode: assignment.ModeTokenBucket}
@@ -745,7 +747,7 @@ func TestRateLimited(t *testing.T) {
 	if r.status != 503 || problemCode(r) != "rate-limited" {
 		t.Fatalf("over the rate = %d %s", r.status, r.body)
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if r := a.do(t, http.MethodGet, "/rl/"); r.status != 200 {
 		t.Fatalf("after a second = %d", r.status)
 	}
@@ -938,5 +940,43 @@ func TestAppCancelKeepsThePermitUntilTheDownstreamAnswers(t *testing.T) {
 			t.Fatal("the permit was not released after the downstream answered")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A call's duration is measured on the injected clock: an upstream that takes 11 s of the fake
+// clock to answer (and no time at all on the wall clock) is slow for the breaker, which opens
+// on slow calls alone; the same calls answered at once on the fake clock are not.
+func TestSlowOnTheInjectedClockOpensTheBreaker(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		clk := clocktesting.NewFakeClock(t0)
+		c, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {
+			if slow {
+				clk.Step(11 * time.Second) // the breaker's slowCallThreshold is 10 s
+			}
+			io.WriteString(w, "ok")
+		})
+		a := newAgent(t, clk)
+		d := withBreaker(downstream("slow", up.URL, 4), 2, 1, 30*time.Second)
+		d.Breaker.Window = assignment.Duration(time.Minute) // both calls in it
+		d.Breaker.FailureRatePercent = 100                  // slow, not failed: only slowness can open it
+		a.apply(t, nil, d)
+		for range 2 {
+			if r := a.do(t, http.MethodGet, "/slow/"); r.status != 200 {
+				t.Fatalf("slow=%v: call = %d %s", slow, r.status, r.body)
+			}
+		}
+		r := a.do(t, http.MethodGet, "/slow/")
+		if !slow {
+			if r.status != 200 || c.calls.Load() != 3 {
+				t.Fatalf("fast calls: third call = %d, upstream calls %d; want 200 and 3", r.status, c.calls.Load())
+			}
+			continue
+		}
+		if r.status != 503 || problemCode(r) != "circuit-open" || r.header.Get("Retry-After") != "30" {
+			t.Fatalf("after 2 calls slow on the fake clock: %d %v %s, want circuit-open", r.status, r.header, r.body)
+		}
+		if c.calls.Load() != 2 {
+			t.Fatalf("upstream calls = %d, want 2", c.calls.Load())
+		}
 	}
 }
