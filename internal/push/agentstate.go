@@ -69,6 +69,13 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 			p.foreign = f
 		}
 	}
+	observeEntries(p, st, now)
+}
+
+// observeEntries notes what an agent's state says of each of the pod's entries: calls in flight
+// (counted by the ledger) and, for demand-aware sharing and status only, calls waiting, refused
+// for lack of a permit and the lanes. A downstream the state does not list has none of them.
+func observeEntries(p *podState, st *assignment.State, now time.Time) {
 	for k, e := range p.entries {
 		e.inflight, e.inflightAt, e.requests = 0, now, 0
 		e.waiting, e.refused, e.lanes = 0, 0, nil

@@ -200,7 +200,8 @@ func (c *core) quietRenewal(w *work, st *assignment.State) bool {
 }
 
 // renewQuietly applies a quiet renewal's answer (quietRenewal): the version's lease bound, the
-// next renewal, the report's time and calls in flight. The pod's quotas keep their plan and
+// next renewal, the report's time and what the agent's state says of each entry (calls in
+// flight, waiting, refused, lanes). The pod's quotas keep their plan and
 // their timers: the next one that fires replans them with the later lease bound.
 func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 	p := w.pod
@@ -213,15 +214,9 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 	p.retryAt = time.Time{}
 	p.reportAt = now
 	p.pollAt = now.Add(c.opts.DrainPoll)
-	for k, e := range p.entries {
-		e.inflight, e.inflightAt, e.requests = 0, now, 0
-		for _, d := range st.Downstreams {
-			if d.Name == k.Name {
-				e.inflight, e.requests = max(d.InFlight, 0), d.Requests
-				break
-			}
-		}
-	}
+	// The same observation as a full answer's: demand-aware sharing and the lanes' status read
+	// the waiting, refused and lane figures of every answer, quiet or not.
+	observeEntries(p, st, now)
 	if c.metrics != nil {
 		c.metrics.quietRenewals.Inc()
 	}

@@ -324,11 +324,14 @@ func (e *Enforcer) expireLocked(seq uint64) {
 		return // renewed or replaced since
 	}
 	e.leaseExpired = true
-	e.leaseDeadline.Store(0)
 	t := e.table.Load()
 	for _, ds := range t.byName {
 		ds.setEffective(ds.Config().SafeLimit())
 	}
+	// Cleared only now: Table reads the deadline without the lock and, while it is set, takes the
+	// lock to expire it, so a reader that races the lease's timer waits for the safe limits to be
+	// in force rather than seeing the deadline gone and the permits still in force.
+	e.leaseDeadline.Store(0)
 	e.log.Warn("lease expired without renewal: running on safe defaults",
 		"epoch", e.epoch, "generation", e.gen, "leaseTTL", e.leaseTTL.String())
 }
