@@ -155,7 +155,8 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 	// closed or half-open breaker. The recovery limit (a ramp, an adaptive limit) changes when a
 	// window ends: put it in force first.
 	ds.Tick()
-	releaseLane := func() {}
+	// held is the lane permit taken (none yet); its releaseLane gives it back on every way out.
+	var held admission
 	if ls != nil {
 		if !ls.Sem.TryAcquire(lane) {
 			remaining := maxWait - clk.Since(start)
@@ -176,13 +177,13 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 			}
 		}
-		releaseLane = func() { ls.Sem.Release(lane) }
+		held.lanes, held.lane = ls, lane
 	}
 	if !ds.Sem.TryAcquire() {
 		remaining := maxWait - clk.Since(start)
 		if ds.Effective() == 0 || remaining <= 0 {
 			giveBack()
-			releaseLane()
+			held.releaseLane()
 			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
 		}
 		wctx, cancel := context.WithCancel(ctx)
@@ -192,7 +193,7 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 		cancel()
 		if err != nil {
 			giveBack()
-			releaseLane()
+			held.releaseLane()
 			switch {
 			case errors.Is(err, semaphore.ErrQueueFull):
 				return refuse(fallback.QueueFull, metrics.ReasonQueueFull, 0, clk.Now())
@@ -208,7 +209,7 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 		var ok bool
 		if tk, retry, ok = br.Allow(now); !ok {
 			ds.Sem.Release()
-			releaseLane()
+			held.releaseLane()
 			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
 		}
 	}
@@ -220,17 +221,14 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 	// call is not sent late. The permit is returned unused.
 	if waited > 2*cfg.AcquireTimeout+stallSlack {
 		ds.Sem.Release()
-		releaseLane()
+		held.releaseLane()
 		if haveTicket || br != nil {
 			tk.Cancel()
 		}
 		return admission{verdict: stalled}
 	}
-	ad := admission{verdict: admitted, ticket: tk}
-	if ls != nil {
-		ad.lanes, ad.lane = ls, lane
-	}
-	return ad
+	held.verdict, held.ticket = admitted, tk
+	return held
 }
 
 // requestView is what degrade switches look at in r.
