@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -253,11 +254,9 @@ func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t ap
 		return o, err
 	}
 	for _, p := range pods.Items {
-		// A pod that finished cannot call anything; every other pod, terminating ones included, may.
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+		if mayCall(&p) {
+			o.Pods = append(o.Pods, p)
 		}
-		o.Pods = append(o.Pods, p)
 	}
 	sort.Slice(o.Pods, func(i, j int) bool { return o.Pods[i].Name < o.Pods[j].Name })
 	return o, nil
@@ -379,6 +378,12 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	return d
 }
 
+// mayCall says whether a listed pod may call the downstream: a pod that finished cannot call
+// anything; every other pod, terminating ones included, may.
+func mayCall(p *corev1.Pod) bool {
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
 // podAgent is what a pod's spec says about its Apportion agent.
 type podAgent struct {
 	// Port is the agent's control port; 0 when the pod has none the manager can find.
@@ -401,16 +406,13 @@ func agentOf(p *corev1.Pod) podAgent {
 	}
 	check := func(c *corev1.Container) {
 		for _, cp := range c.Ports {
-			if a.Port == 0 && cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0 {
+			if a.Port == 0 && isAgentPort(cp) {
 				a.Port = int(cp.ContainerPort)
 			}
 		}
 		for _, list := range [][]string{c.Command, c.Args} {
-			for _, arg := range list {
-				flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
-				if strings.HasPrefix(arg, "-") && flag == "bootstrap" {
-					a.Bootstrap = true
-				}
+			if slices.ContainsFunc(list, isBootstrapArg) {
+				a.Bootstrap = true
 			}
 		}
 	}
@@ -418,12 +420,29 @@ func agentOf(p *corev1.Pod) podAgent {
 		check(&p.Spec.Containers[i])
 	}
 	for i := range p.Spec.InitContainers {
-		c := &p.Spec.InitContainers[i]
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if c := &p.Spec.InitContainers[i]; isNativeSidecar(c) {
 			check(c)
 		}
 	}
 	return a
+}
+
+// isAgentPort says whether a container port is an agent's control port (named apportion-ctl).
+func isAgentPort(cp corev1.ContainerPort) bool {
+	return cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0
+}
+
+// isBootstrapArg says whether one word of a command or its arguments is the agent's --bootstrap
+// flag (-bootstrap, --bootstrap, --bootstrap=FILE), not a value that merely says bootstrap.
+func isBootstrapArg(arg string) bool {
+	flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	return strings.HasPrefix(arg, "-") && flag == "bootstrap"
+}
+
+// isNativeSidecar says whether an init container runs beside the app (restartPolicy Always),
+// where an injected agent runs; other init containers finish before the app starts.
+func isNativeSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 // agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.
