@@ -67,7 +67,8 @@ func strippedMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 
 // StripPod keeps of a Pod what the manager reads (see CacheOptions): its metadata with every
 // label and only the agent-port annotation; of its containers and native sidecars only those
-// that carry an agent control port or a --bootstrap flag, each with only its name, restart
+// that carry a --bootstrap flag or, unless the annotation names a valid port (which wins, and
+// which the injector always sets), an agent control port, each with only its name, restart
 // policy, those ports and those flags (agentOf looks at nothing else, and never at other init containers); its phase
 // and pod IP. Anything else passes unchanged (a tombstone is never handed to a transform).
 // Stripping a stripped pod changes nothing.
@@ -81,15 +82,17 @@ func StripPod(obj any) (any, error) {
 	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
 		out.Annotations = map[string]string{apportionv1.AgentPortAnnotation: v}
 	}
-	out.Spec.Containers = agentContainers(p.Spec.Containers, func(*corev1.Container) bool { return true })
-	out.Spec.InitContainers = agentContainers(p.Spec.InitContainers, isNativeSidecar)
+	// A port in the annotation wins over every named port (agentOf): then only the flags matter.
+	ports := annotatedPort(p) == 0
+	out.Spec.Containers = agentContainers(p.Spec.Containers, ports, func(*corev1.Container) bool { return true })
+	out.Spec.InitContainers = agentContainers(p.Spec.InitContainers, ports, isNativeSidecar)
 	out.Status.Phase, out.Status.PodIP = p.Status.Phase, p.Status.PodIP
 	return out, nil
 }
 
 // agentContainers is the containers of cs that agentOf may look at (looked) and that carry an
-// agent port or a --bootstrap flag, reduced to those; nil when none does.
-func agentContainers(cs []corev1.Container, looked func(*corev1.Container) bool) []corev1.Container {
+// agent port (when ports) or a --bootstrap flag, reduced to those; nil when none does.
+func agentContainers(cs []corev1.Container, ports bool, looked func(*corev1.Container) bool) []corev1.Container {
 	var out []corev1.Container
 	for i := range cs {
 		c := &cs[i]
@@ -98,7 +101,7 @@ func agentContainers(cs []corev1.Container, looked func(*corev1.Container) bool)
 		}
 		k := corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
 		for _, cp := range c.Ports {
-			if isAgentPort(cp) {
+			if ports && isAgentPort(cp) {
 				k.Ports = append(k.Ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort})
 			}
 		}

@@ -398,12 +398,7 @@ type podAgent struct {
 // runs); a --bootstrap flag in the command or arguments of any of those containers. An
 // annotation that is not a port number is ignored (the named port, if any, is used).
 func agentOf(p *corev1.Pod) podAgent {
-	var a podAgent
-	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
-			a.Port = n
-		}
-	}
+	a := podAgent{Port: annotatedPort(p)}
 	check := func(c *corev1.Container) {
 		for _, cp := range c.Ports {
 			if a.Port == 0 && isAgentPort(cp) {
@@ -425,6 +420,17 @@ func agentOf(p *corev1.Pod) podAgent {
 		}
 	}
 	return a
+}
+
+// annotatedPort is the port of the pod's apportion.io/agent-port annotation; 0 when it has none
+// or it is not a port number.
+func annotatedPort(p *corev1.Pod) int {
+	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
+			return n
+		}
+	}
+	return 0
 }
 
 // isAgentPort says whether a container port is an agent's control port (named apportion-ctl).
