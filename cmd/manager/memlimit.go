@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"strconv"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -108,11 +109,14 @@ func applySoftLimit(d softLimit) int64 {
 	return debug.SetMemoryLimit(-1)
 }
 
-// formatSoftLimit is a soft limit for the log: "none" (the runtime's default, no limit) or the
-// bytes as a binary quantity.
+// formatSoftLimit is a soft limit for the log: "none" (the runtime's default, no limit), or the
+// whole mebibytes below it ("461Mi").
 func formatSoftLimit(n int64) string {
 	if n == math.MaxInt64 {
 		return "none"
 	}
-	return resource.NewQuantity(n, resource.BinarySI).String()
+	if n < 1<<20 {
+		return strconv.FormatInt(n, 10)
+	}
+	return strconv.FormatInt(n>>20, 10) + "Mi"
 }

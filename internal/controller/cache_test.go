@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand"
 	"reflect"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -25,6 +28,7 @@ import (
 	"sigs.k8s.io/randfill"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/inject"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/targets"
 	"github.com/apportion/apportion/internal/testing/builders"
@@ -594,4 +598,92 @@ func (c *memClient) fieldsMatch(o client.Object, lo *client.ListOptions) bool {
 		}
 	}
 	return true
+}
+
+// BenchmarkStripPodRetained reports what the cache keeps of a typical injected pod (an app
+// container with environment, resources, probes and mounts, the agent as a native sidecar, a
+// Deployment's labels and owner, a kubelet's status), with its managed fields already dropped
+// as before: the heap bytes per pod after a collection, unstripped and stripped.
+func BenchmarkStripPodRetained(b *testing.B) {
+	for _, strip := range []bool{false, true} {
+		b.Run(fmt.Sprintf("stripped=%v", strip), func(b *testing.B) {
+			const n = 2000
+			var ms0, ms1 runtime.MemStats
+			for range b.N {
+				keep := make([]any, n)
+				runtime.GC()
+				runtime.ReadMemStats(&ms0)
+				for i := range keep {
+					p := typicalPod(i)
+					if strip {
+						keep[i], _ = StripPod(p)
+					} else {
+						keep[i] = p
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&ms1)
+				runtime.KeepAlive(keep)
+			}
+			b.ReportMetric(float64(ms1.HeapAlloc-ms0.HeapAlloc)/n, "B/pod")
+		})
+	}
+}
+
+// typicalPod is a Deployment's pod after injection, as the API server returns it.
+func typicalPod(i int) *corev1.Pod {
+	now := metav1.NewTime(time.Unix(1e9, 0))
+	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 10}
+	app := corev1.Container{
+		Name: "gateway", Image: "registry.example.com/shop/gateway:v1.42.3", Args: []string{"--config=/etc/gateway/config.yaml", "--log-level=info"},
+		Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")},
+		},
+		LivenessProbe: probe, ReadinessProbe: probe,
+		VolumeMounts:             []corev1.VolumeMount{{Name: "config", MountPath: "/etc/gateway"}, {Name: "kube-api-access-x7k2p", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}},
+		TerminationMessagePath:   "/dev/termination-log",
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile, ImagePullPolicy: corev1.PullIfNotPresent,
+	}
+	for _, e := range []string{"LOG_FORMAT", "REGION", "OTEL_EXPORTER_OTLP_ENDPOINT", "PARTNER_TIMEOUT", "CACHE_TTL", "FEATURE_FLAGS"} {
+		app.Env = append(app.Env, corev1.EnvVar{Name: e, Value: "value-of-" + strings.ToLower(e)})
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("gateway-7d9f8b6c5d-%05d", i), Namespace: "shop", UID: types.UID(fmt.Sprintf("0b6f2d1e-3c4a-4f5b-9e8d-%012d", i)),
+			ResourceVersion: "123456789", CreationTimestamp: now,
+			GenerateName: "gateway-7d9f8b6c5d-",
+			Labels:       map[string]string{"app": "gateway", "pod-template-hash": "7d9f8b6c5d", "app.kubernetes.io/version": "v1.42.3"},
+			Annotations:  map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-11-30T10:00:00Z", "prometheus.io/scrape": "true"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "gateway-7d9f8b6c5d",
+				UID: "5e1c9a7b-2d3f-4a6b-8c9d-0e1f2a3b4c5d", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}},
+		},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{app},
+			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "gateway-config"}}}},
+				{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+					{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To(int64(3607))}},
+					{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}, Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+				}}}}},
+			RestartPolicy: corev1.RestartPolicyAlways, DNSPolicy: corev1.DNSClusterFirst, ServiceAccountName: "gateway", NodeName: "node-17",
+			SchedulerName: "default-scheduler", TerminationGracePeriodSeconds: ptr.To(int64(30)), Priority: ptr.To(int32(0)),
+			Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(300))},
+				{Key: "node.kubernetes.io/unreachable", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(300))}},
+		},
+	}
+	if _, err := inject.Mutate(p, []string{"logistics"}, inject.Config{Image: "ghcr.io/apportion/agent:v0.1.0"}); err != nil {
+		panic(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, HostIP: "10.0.3.17", PodIP: fmt.Sprintf("10.244.%d.%d", i/250, i%250), StartTime: &now,
+		PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("10.244.%d.%d", i/250, i%250)}}, HostIPs: []corev1.HostIP{{IP: "10.0.3.17"}}, QOSClass: corev1.PodQOSBurstable}
+	for _, c := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.PodReady, corev1.ContainersReady, corev1.PodScheduled} {
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: c, Status: corev1.ConditionTrue, LastTransitionTime: now})
+	}
+	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+		p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image + "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+			ContainerID: "containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", Ready: true, Started: ptr.To(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}})
+	}
+	return p
 }
