@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +18,12 @@ import (
 
 func TestClient(t *testing.T) {
 	keys := mustTrust(t, keyNew)
-	var answer func(w http.ResponseWriter, a *Assignment)
+	// The handler the server answers with, swapped by the test between calls. Behind a pointer:
+	// h1 reads and writes its sockets with raw system calls, which the race detector does not
+	// see as the synchronisation they are (net/http's socket calls are annotated for it).
+	type answerFunc func(w http.ResponseWriter, a *Assignment)
+	var answerP atomic.Pointer[answerFunc]
+	setAnswer := func(f answerFunc) { answerP.Store(&f) }
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if _, err := Verify(r, body, keys, self, r.Method == http.MethodGet, testNow); err != nil {
@@ -37,7 +43,7 @@ func TestClient(t *testing.T) {
 		} else if r.URL.Path != PathState {
 			t.Errorf("GET %s", r.URL.Path)
 		}
-		answer(w, a)
+		(*answerP.Load())(w, a)
 	}))
 	defer srv.Close()
 	// The same over net/http and over the manager's lean client (h1.HTTPClient).
@@ -62,13 +68,13 @@ func TestClient(t *testing.T) {
 				_ = json.NewEncoder(w).Encode(v)
 			}
 
-			answer = func(w http.ResponseWriter, got *Assignment) {
+			setAnswer(func(w http.ResponseWriter, got *Assignment) {
 				if got == nil {
 					got = a
 				}
 				writeJSON(w, "application/json", 200, State{Epoch: got.Epoch, Generation: got.Generation, Configured: true,
 					Downstreams: []DownstreamState{{Name: "payments", Permits: 12, EffectivePermits: 12, InFlight: 3}}})
-			}
+			})
 			st, err := c.Push(ctx, Endpoint{URL: srv.URL + "/", Pod: self.Pod}, a)
 			if err != nil {
 				t.Fatalf("Push: %v", err)
@@ -80,10 +86,10 @@ func TestClient(t *testing.T) {
 				t.Fatalf("State = %+v, %v", st, err)
 			}
 
-			answer = func(w http.ResponseWriter, _ *Assignment) {
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) {
 				writeJSON(w, "application/problem+json", 409, Problem{Title: "stale", Status: 409, Code: CodeStaleAssignment,
 					State: &State{Epoch: 4, Generation: 1, Configured: true}})
-			}
+			})
 			_, err = c.Push(ctx, to, a)
 			var stale *StaleError
 			if !errors.As(err, &stale) || stale.State.Epoch != 4 {
@@ -91,34 +97,34 @@ func TestClient(t *testing.T) {
 			}
 
 			// A 403 wrong-instance with the State: the agent restarted; the engine learns it as from a 409.
-			answer = func(w http.ResponseWriter, _ *Assignment) {
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) {
 				writeJSON(w, "application/problem+json", 403, Problem{Title: "Forbidden", Status: 403, Code: CodeForbidden,
 					Reason: ReasonWrongInstance, State: &State{Instance: "new", Epoch: 3, Generation: 0}})
-			}
+			})
 			_, err = c.Push(ctx, to, a)
 			if !errors.As(err, &stale) || stale.State.Instance != "new" {
 				t.Fatalf("Push on 403 wrong-instance = %v, want *StaleError with the new instance", err)
 			}
 			// Any other 403 is a StatusError with its reason.
-			answer = func(w http.ResponseWriter, _ *Assignment) {
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) {
 				writeJSON(w, "application/problem+json", 403, Problem{Title: "Forbidden", Status: 403, Code: CodeForbidden, Reason: ReasonUnknownKey})
-			}
+			})
 			_, err = c.Push(ctx, to, a)
 			if se := new(StatusError); !errors.As(err, &se) || se.StatusCode != 403 || se.Problem.Reason != ReasonUnknownKey {
 				t.Fatalf("Push on 403 unknown-key = %v", err)
 			}
 
-			answer = func(w http.ResponseWriter, _ *Assignment) {
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) {
 				writeJSON(w, "application/problem+json", 400, Problem{Title: "invalid", Status: 400, Code: CodeInvalidAssignment,
 					Detail: "the assignment is invalid", Errors: []string{"downstreams[0].permits: must be between 0 and 1000000"}})
-			}
+			})
 			_, err = c.Push(ctx, to, a)
 			var se *StatusError
 			if !errors.As(err, &se) || se.StatusCode != 400 || !strings.Contains(err.Error(), "downstreams[0].permits") {
 				t.Fatalf("Push on 400 = %v", err)
 			}
 
-			answer = func(w http.ResponseWriter, _ *Assignment) { http.Error(w, "boom", 500) }
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) { http.Error(w, "boom", 500) })
 			if _, err = c.State(ctx, to, 3); !errors.As(err, &se) || se.StatusCode != 500 || !strings.Contains(err.Error(), "boom") {
 				t.Fatalf("State on 500 = %v", err)
 			}
@@ -126,7 +132,7 @@ func TestClient(t *testing.T) {
 			// An invalid assignment is never sent.
 			bad := *a
 			bad.Epoch = 0
-			answer = func(w http.ResponseWriter, _ *Assignment) { t.Error("invalid assignment was sent") }
+			setAnswer(func(w http.ResponseWriter, _ *Assignment) { t.Error("invalid assignment was sent") })
 			if _, err = c.Push(ctx, to, &bad); err == nil || !strings.Contains(err.Error(), "epoch") {
 				t.Fatalf("Push(invalid) = %v", err)
 			}
