@@ -37,7 +37,8 @@ func echoServer(t *testing.T) (*httptest.Server, *atomic.Int32) {
 	return srv, &conns
 }
 
-func call(t *testing.T, hc HTTPClient, ctx context.Context, method, url string, body io.Reader) (string, *http.Response) {
+// call sends a request and returns the answer's body and header.
+func call(t *testing.T, hc HTTPClient, ctx context.Context, method, url string, body io.Reader) (string, http.Header) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
@@ -52,7 +53,7 @@ func call(t *testing.T, hc HTTPClient, ctx context.Context, method, url string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b), res
+	return string(b), res.Header
 }
 
 // HTTPClient sends what http.Client would: the URL's path and query, the body (inline when
@@ -75,17 +76,26 @@ func TestHTTPClientSendsAndPools(t *testing.T) {
 		if tc.body != "" {
 			body = strings.NewReader(tc.body)
 		}
-		got, res := call(t, hc, ctx, tc.method, srv.URL+"/v1/x?q="+strconv.Itoa(i), body)
+		got, hdr := call(t, hc, ctx, tc.method, srv.URL+"/v1/x?q="+strconv.Itoa(i), body)
 		if want := tc.method + " /v1/x?q=" + strconv.Itoa(i) + " " + tc.body; got != want {
 			t.Fatalf("call %d: answer %.80q…, want %.80q…", i, got, want)
 		}
-		if want := strconv.Itoa(len(tc.body)); tc.body != "" && res.Header.Get("X-Length") != want {
-			t.Fatalf("call %d: Content-Length %q, want %s", i, res.Header.Get("X-Length"), want)
+		if want := strconv.Itoa(len(tc.body)); tc.body != "" && hdr.Get("X-Length") != want {
+			t.Fatalf("call %d: Content-Length %q, want %s", i, hdr.Get("X-Length"), want)
 		}
 	}
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("%d connections for sequential calls, want 1", n)
 	}
+}
+
+// doFails sends req and returns the error; an answer is closed (nil error).
+func doFails(hc HTTPClient, req *http.Request) error {
+	res, err := hc.Do(req)
+	if err == nil {
+		res.Body.Close()
+	}
+	return err
 }
 
 // The context's deadline bounds the exchange: an upstream that never answers fails the call
@@ -115,7 +125,7 @@ func TestHTTPClientDeadline(t *testing.T) {
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	req, _ := http.NewRequestWithContext(done, http.MethodPut, "http://"+ln.Addr().String()+"/", strings.NewReader("x"))
-	if _, err := hc.Do(req); !errors.Is(err, context.Canceled) {
+	if err := doFails(hc, req); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a cancelled context: %v, want context.Canceled", err)
 	}
 
@@ -123,7 +133,7 @@ func TestHTTPClientDeadline(t *testing.T) {
 	defer cancel2()
 	req, _ = http.NewRequestWithContext(ctx, http.MethodPut, "http://"+ln.Addr().String()+"/", strings.NewReader("x"))
 	start := time.Now()
-	if _, err := hc.Do(req); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := doFails(hc, req); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("no answer: %v, want os.ErrDeadlineExceeded", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
@@ -144,11 +154,11 @@ func TestHTTPClientRefuses(t *testing.T) {
 	hc := HTTPClient{C: NewClient()}
 	req, _ := http.NewRequest(http.MethodPut, srv.URL+"/", strings.NewReader("abc"))
 	req.ContentLength = 10
-	if _, err := hc.Do(req); err == nil || !errors.Is(err, io.ErrUnexpectedEOF) {
+	if err := doFails(hc, req); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short body: %v, want io.ErrUnexpectedEOF", err)
 	}
 	req, _ = http.NewRequest(http.MethodGet, "https://example.invalid/", nil)
-	if _, err := hc.Do(req); err == nil {
+	if err := doFails(hc, req); err == nil {
 		t.Fatal("an https URL was accepted")
 	}
 	if n := conns.Load(); n != 0 {
@@ -239,7 +249,7 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	a, b := open(), open()
+	a, b := open(), open() //nolint:bodyclose // finish closes them
 	finish(a)
 	finish(b)
 	if n := conns.Load(); n != 2 {
@@ -260,8 +270,8 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 	}
 
 	// A call in flight while its host is dropped comes back to a new pool.
-	res := open()
-	c.reap() // its pool has no idle connection: dropped
+	res := open() //nolint:bodyclose // finish closes it
+	c.reap()      // its pool has no idle connection: dropped
 	finish(res)
 	v, ok := c.hosts.Load(host)
 	if !ok || len(v.(*hostPool).idle) != 1 || v.(*hostPool).gone {
