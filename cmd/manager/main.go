@@ -56,6 +56,7 @@ type options struct {
 	pushTimeout      time.Duration
 	pushWorkers      int
 	quotaWorkers     int
+	statusWriters    int
 	keyRotation      time.Duration
 	keyOverlap       time.Duration
 	trustConfigMap   string
@@ -83,6 +84,8 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.pushTimeout, "push-timeout", push.DefaultPushTimeout, "bound on one control request to an agent")
 	fs.IntVar(&o.pushWorkers, "push-workers", push.DefaultWorkers, "control requests in flight at once")
 	fs.IntVar(&o.quotaWorkers, "quota-workers", controller.DefaultQuotaWorkers, "DownstreamQuotas reconciled at once (a quota is never reconciled twice at once)")
+	fs.IntVar(&o.statusWriters, "status-writers", controller.DefaultStatusWriters,
+		"DownstreamQuota status writes in flight at once; a reconcile hands its status over and never waits for the write (one write per quota at a time, the latest status wins)")
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
 	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
@@ -116,6 +119,9 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	}
 	if o.quotaWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--quota-workers must be at least 1, got %d", o.quotaWorkers))
+	}
+	if o.statusWriters < 1 {
+		errs = append(errs, fmt.Errorf("--status-writers must be at least 1, got %d", o.statusWriters))
 	}
 	if o.pushWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--push-workers must be at least 1, got %d", o.pushWorkers))
@@ -267,6 +273,9 @@ func run(args []string) error {
 		Clock:    clock.RealClock{},
 		Changes:  quotaChanges,
 		Workers:  o.quotaWorkers,
+
+		StatusWriters: o.statusWriters,
+		Registry:      metrics.Registry,
 
 		SharingPeriod: o.sharing.period,
 		DemandTau:     o.sharing.tau,
