@@ -41,7 +41,11 @@ var buildAgent = sync.OnceValues(func() (string, error) {
 	}
 	binDir = dir
 	bin := filepath.Join(dir, "agent")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	// Built as the agent's image builds it (hack/images: static, CGO_ENABLED=0, -trimpath), which
+	// in `make test` also shares the compiled dependencies with the images' test.
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", errors.New(string(out))
 	}

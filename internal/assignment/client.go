@@ -63,11 +63,18 @@ type Endpoint struct {
 	Pod string
 }
 
+// Doer sends one HTTP request and returns the answer, as http.Client.Do: *http.Client, or the
+// manager's lean client h1.HTTPClient (internal/agent/h1), which bounds a request by its
+// context's deadline only.
+type Doer interface {
+	Do(*http.Request) (*http.Response, error)
+}
+
 // Client is the manager's side of the control API.
 type Client struct {
 	// HTTP sends the requests; nil means http.DefaultClient. Give it a Timeout or pass contexts
 	// with deadlines.
-	HTTP *http.Client
+	HTTP Doer
 	// Key signs every request.
 	Key SigningKey
 	// Now is the clock used for signatures; nil means time.Now.
@@ -155,9 +162,9 @@ func (c *Client) do(ctx context.Context, method, baseURL, path string, body []by
 		now = c.Now
 	}
 	Sign(req, body, c.Key, to, now())
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
+	var hc Doer = http.DefaultClient
+	if c.HTTP != nil {
+		hc = c.HTTP
 	}
 	resp, err := hc.Do(req)
 	if err != nil {

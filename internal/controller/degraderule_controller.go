@@ -103,6 +103,10 @@ func (r *DegradeRuleReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if equality.Semantic.DeepEqual(rule.Status, status) {
 		return ctrl.Result{RequeueAfter: requeue}, nil
 	}
+	// Written here, not by a StatusWriter as the quotas' statuses are: a rule's status is an input
+	// of the protocol (switchFor pushes a rule only once its written status says Pending or Active
+	// for its generation), and its next judgement reads it back (first sight of a spec, the phase
+	// it comes from); rules are few, and their reconciles hold no quota's reconcile back.
 	prevPhase := rule.Status.Phase
 	orig := rule.DeepCopy()
 	rule.Status = status

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,16 +67,31 @@ type DownstreamQuotaReconciler struct {
 	// Changes carries quota keys whose push state changed (acks, failures) so that their
 	// status is refreshed; may be nil.
 	Changes <-chan event.GenericEvent
-	// Workers bounds the quotas reconciled at once (0: DefaultQuotaWorkers). A reconcile spends
-	// most of its time waiting for its status write; run one at a time, a change of many quotas
-	// at once (an HPA decision each) would reach the push engine one status round trip after
-	// another. One quota is never reconciled twice at once (the work queue's guarantee), and the
-	// engine keeps one ledger per quota under its lock.
+	// Workers bounds the quotas reconciled at once (0: DefaultQuotaWorkers). Run one at a time,
+	// a change of many quotas at once (an HPA decision each) would reach the push engine one
+	// reconcile after another. One quota is never reconciled twice at once (the work queue's
+	// guarantee), and the engine keeps one ledger per quota under its lock.
 	Workers int
-	// decided remembers, per quota, the targets of the last status this reconciler computed. The
-	// cached status can lag behind a write just made, and a rebalance Event must describe the
-	// change from what was last decided ("8→10 pods"), not from a stale read ("0→10").
-	decided sync.Map // types.NamespacedName → []apportionv1.TargetStatus
+	// StatusWriters, when positive, is how many status writes are in flight at once: the
+	// reconcile hands its quota's status to a StatusWriter (set up by SetupWithManager, run on
+	// the leader) and never waits on the API server — an API server that takes seconds per write
+	// would otherwise hold every reconcile, and so every other quota's HPA decision, behind the
+	// status writes. Zero writes the status inside the reconcile (a reconciler used without
+	// SetupWithManager always does).
+	StatusWriters int
+	// Registry receives the status writer's counters; may be nil.
+	Registry prometheus.Registerer
+	// decided remembers, per quota, the last status this reconciler decided, and for which quota
+	// (UID). It is the base of the next decision: the cached status lags behind a write just made,
+	// and further behind a status still waiting for its writer, and the conditions' transition
+	// times, the last rebalance time and the Events must follow from what was last decided
+	// ("8→10 pods"), not from a stale read ("0→10").
+	decided sync.Map // types.NamespacedName → decidedStatus
+	// writer writes the statuses when StatusWriters is positive; statusWrite is the write of one
+	// status, the writer's or the reconcile's own.
+	writer      *StatusWriter[quotaStatusUpdate]
+	statusOnce  sync.Once
+	statusWrite *quotaStatusWriter
 
 	// Demand-aware sharing (downstreamquota_sharing.go): how often a DemandAware quota is
 	// re-evaluated, its demand's smoothing constant and its damping; zero values are the
@@ -104,6 +119,7 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		if apierrors.IsNotFound(err) {
 			r.decided.Delete(req.NamespacedName)
 			r.sharing.Delete(req.NamespacedName)
+			r.statusWriter().forget(req.NamespacedName)
 			if r.Pusher != nil {
 				r.Pusher.DeleteQuota(req.NamespacedName)
 			}
@@ -112,12 +128,13 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, err
 	}
 
-	// The last status decided (the cached one can lag behind a write just made): the safe
-	// default's kept replica bound, and the baseline for the rebalance and safe default Events.
-	prev := dq.Status.Targets
-	if d, ok := r.decided.Load(req.NamespacedName); ok {
-		prev = d.([]apportionv1.TargetStatus)
+	// The last status decided for this quota (the cached one can lag behind it): the base of the
+	// new one, the safe default's kept replica bound, and the baseline of the Events.
+	base := dq.Status
+	if d, ok := r.decided.Load(req.NamespacedName); ok && d.(decidedStatus).UID == dq.UID {
+		base = d.(decidedStatus).Status
 	}
+	prev := base.Targets
 	obs := make([]targetObservation, len(dq.Spec.Targets))
 	for i, t := range dq.Spec.Targets {
 		o, err := r.observe(ctx, dq.Namespace, t)
@@ -155,62 +172,71 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		report = &rep
 	}
 
-	now := metav1.NewTime(r.Clock.Now())
-	status := computeStatus(&dq, obs, split, report, now)
-	type event struct{ typ, reason, action, note string }
-	var events []event
+	// Whole seconds: the API server keeps a time to the second, and a status is written only
+	// when it differs from what the quota has.
+	now := metav1.NewTime(r.Clock.Now()).Rfc3339Copy()
+	cur := dq
+	cur.Status = base
+	status := computeStatus(&cur, obs, split, report, now)
+	var events []statusEvent
 	status.Lanes = lanesStatus(&dq, report)
 	if shared != nil {
 		status.Sharing = shared.Status
 		if msg := sharesMovedMessage(&dq, *shared); msg != "" {
-			events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonSharesMoved, "Rebalance", msg})
+			events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSharesMoved, "Rebalance", msg})
 		}
 	}
 	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
 		status.LastRebalanceTime = &now
-		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
+		events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
 	}
 	if msg := safeDefaultMessage(prev, status.Targets); msg != "" {
-		events = append(events, event{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg})
+		events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg})
 	}
 	// One Warning each time the set of pods without an agent changes: the condition names them.
 	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsWithoutAgent); c != nil && c.Status == metav1.ConditionTrue {
-		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
-			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", c.Message})
+		if old := meta.FindStatusCondition(base.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
+			events = append(events, statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", c.Message})
 		}
 	}
 	// One Warning each time the set of unreachable pods changes: the condition's message names it.
 	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == apportionv1.ReasonAgentsUnreachable {
-		if old := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
-			events = append(events, event{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
+		if old := meta.FindStatusCondition(base.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
+			events = append(events, statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
 				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
 		}
 	}
 	// A DemandAware quota is looked at again every sharing period, even when nothing changed.
 	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq)}
-	changed := !equality.Semantic.DeepEqual(dq.Status, status)
-	if changed {
-		orig := dq.DeepCopy()
-		dq.Status = status
-		if err := r.Status().Patch(ctx, &dq, client.MergeFrom(orig)); err != nil {
-			// Nothing decided or recorded: the retry computes the same change again.
-			return ctrl.Result{}, client.IgnoreNotFound(err)
-		}
-	}
-	r.decided.Store(req.NamespacedName, status.Targets)
-	// The Events regard the quota as just written. The Event recorder folds Events of the same
-	// type, reason and action about the same object version into one series and keeps only the
-	// first note, so two rebalances decided on one cached version (the cache lags behind the
-	// status just written) would report the first one twice and lose the second; the version the
-	// status patch returned is new each time.
-	for _, e := range events {
-		r.Recorder.Eventf(&dq, nil, e.typ, e.reason, e.action, "%s", e.note)
-	}
-	if !changed {
+	update := quotaStatusUpdate{UID: dq.UID, Status: status, Events: events}
+	if r.writer != nil {
+		// The writer writes it — unless the quota already has it — and records the Events after;
+		// it keeps this decision until then, so it is the base of the next one.
+		r.decided.Store(req.NamespacedName, decidedStatus{UID: dq.UID, Status: status})
+		r.writer.Set(req.NamespacedName, update)
 		return requeue, nil
 	}
-	log.FromContext(ctx).V(1).Info("status updated", "pods", status.Pods, "perPod", status.PerPod, "assigned", status.Assigned)
+	if _, err := r.statusWriter().write(ctx, req.NamespacedName, update); err != nil {
+		// Nothing decided or recorded: the retry computes the same change again.
+		return ctrl.Result{}, err
+	}
+	r.decided.Store(req.NamespacedName, decidedStatus{UID: dq.UID, Status: status})
 	return requeue, nil
+}
+
+// decidedStatus is the last status decided for a quota, and the quota's UID.
+type decidedStatus struct {
+	UID    types.UID
+	Status apportionv1.DownstreamQuotaStatus
+}
+
+// statusWriter is the write function of the quotas' statuses (made on first use, so that a
+// reconciler used without SetupWithManager has one too).
+func (r *DownstreamQuotaReconciler) statusWriter() *quotaStatusWriter {
+	r.statusOnce.Do(func() {
+		r.statusWrite = &quotaStatusWriter{Reader: r.Client, Client: r.Client, Recorder: r.Recorder}
+	})
+	return r.statusWrite
 }
 
 // targetObservation is what the API says about one target.
@@ -493,6 +519,23 @@ func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apporti
 // SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name
 // them through field indexes (see SetupIndexes), so no event lists every quota.
 func (r *DownstreamQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.StatusWriters > 0 {
+		w, err := NewStatusWriter(StatusWriterOptions[quotaStatusUpdate]{
+			Name:     "downstreamquota_status",
+			Workers:  r.StatusWriters,
+			Write:    r.statusWriter().write,
+			Merge:    mergeQuotaUpdates,
+			Registry: r.Registry,
+			Logger:   mgr.GetLogger().WithName("status"),
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(w); err != nil {
+			return err
+		}
+		r.writer = w
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&apportionv1.DownstreamQuota{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.quotasForWorkload(apportionv1.KindDeployment)),

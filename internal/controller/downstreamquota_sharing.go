@@ -237,7 +237,9 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 		res.Status.Pods = append(res.Status.Pods, apportionv1.PodShare{Pod: name, Share: int32(next[j]), Demand: int32(min(dem[j], 1<<30))})
 	}
 	if res.Moved > 0 {
-		mem.moved = metav1.NewTime(now)
+		// Whole seconds, as the API server keeps it: else every later status would differ from
+		// the written one by the nanoseconds, and be written again.
+		mem.moved = metav1.NewTime(now).Rfc3339Copy()
 	}
 	if !mem.moved.IsZero() {
 		t := mem.moved

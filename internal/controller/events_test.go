@@ -77,7 +77,7 @@ var _ = Describe("DownstreamQuota Events", func() {
 				if !ok {
 					return nil, nil
 				}
-				t := decided.([]apportionv1.TargetStatus)[0]
+				t := decided.(decidedStatus).Status.Targets[0]
 				return []int32{t.Replicas, t.PermitsPerPod}, nil
 			}).Should(Equal(want))
 		}

@@ -50,10 +50,13 @@ var _ = BeforeSuite(func() {
 	var ctx context.Context
 	ctx, cancel = context.WithCancel(context.Background())
 	Expect(SetupIndexes(ctx, mgr.GetFieldIndexer())).To(Succeed())
+	// The suite's reconciler hands its statuses to a StatusWriter, as the manager's does;
+	// reconcilers made by a test and called directly write them themselves.
 	Expect((&DownstreamQuotaReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorder("apportion-manager"),
-		Clock:    clock.RealClock{},
+		Client:        mgr.GetClient(),
+		Recorder:      mgr.GetEventRecorder("apportion-manager"),
+		Clock:         clock.RealClock{},
+		StatusWriters: 4,
 	}).SetupWithManager(mgr)).To(Succeed())
 	for _, setup := range extraControllers {
 		Expect(setup(mgr)).To(Succeed())

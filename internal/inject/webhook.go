@@ -34,12 +34,13 @@ const Path = "/mutate--v1-pod"
 // Webhook is the admission handler: it finds the quotas a new pod belongs to and patches the pod
 // with Mutate's result.
 type Webhook struct {
-	// Reader reads DownstreamQuotas and workloads: the manager's cache.
+	// Reader is the manager's cache: the workloads a quota targets are read from it.
 	Reader client.Reader
-	// Live, when set, reads them from the API server, for a pod the cache says belongs to no
-	// quota: a quota or workload created a moment before the pod may not be in the cache yet, and
-	// a pod admitted without its agent would call its downstream unmetered. A pod of a labelled
-	// namespace that belongs to no quota costs one such read; the others none.
+	// Live reads the API server: the DownstreamQuotas of the pod's namespace are listed from it
+	// on every admission, and a workload the cache does not have yet is read from it
+	// (admissionReader says why: a quota created a moment before the pod may not be in the
+	// cache, and a pod admitted without its agent would call its downstream unmetered). nil
+	// reads everything from Reader — for tests and the benchmark's baseline only.
 	Live    client.Reader
 	Config  Config
 	Decoder admission.Decoder
@@ -52,8 +53,9 @@ type Webhook struct {
 //   - not a pod, no agent wanted (opted out, already has one, belongs to no quota, outside the
 //     manager's --namespace): allowed unchanged;
 //   - a bad apportion.io/* annotation or a clash with the agent's volume: denied (403), naming it;
-//   - the quotas or workloads cannot be read: an error (500), so the failure policy decides
-//     (the API server refuses the pod);
+//   - the quotas (read from the API server) or workloads (from the cache, else the API server)
+//     cannot be read: an error (500), so the failure policy decides (the API server refuses the
+//     pod);
 //   - otherwise allowed with a JSON patch that adds the agent.
 func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Kind.Kind != "Pod" || req.Kind.Group != "" {
@@ -81,14 +83,9 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 	if w.Namespace != "" && ns != w.Namespace {
 		return admission.Allowed("outside the manager's namespace " + w.Namespace)
 	}
-	quotas, err := targets.QuotasForPod(ctx, w.Reader, ns, pod.Labels)
+	quotas, err := targets.QuotasForPod(ctx, w.reader(), ns, pod.Labels)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("finding the pod's DownstreamQuotas: %w", err))
-	}
-	if len(quotas) == 0 && w.Live != nil {
-		if quotas, err = targets.QuotasForPod(ctx, w.Live, ns, pod.Labels); err != nil {
-			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("finding the pod's DownstreamQuotas: %w", err))
-		}
 	}
 	if len(quotas) == 0 {
 		return admission.Allowed("the pod belongs to no DownstreamQuota target")
@@ -110,6 +107,15 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 	}
 	log.FromContext(ctx).V(1).Info("injected the agent", "namespace", ns, "pod", podName(&pod), "quotas", names)
 	return admission.PatchResponseFromRaw(req.Object.Raw, patched)
+}
+
+// reader is what Handle reads the pod's quotas and their workloads with: admissionReader, or
+// Reader alone when there is no Live.
+func (w *Webhook) reader() client.Reader {
+	if w.Live == nil {
+		return w.Reader
+	}
+	return admissionReader{cache: w.Reader, live: w.Live}
 }
 
 func podName(p *corev1.Pod) string {

@@ -44,8 +44,8 @@ func quota(ns, name string, targets ...string) *apportionv1.DownstreamQuota {
 }
 
 // create creates objects. It does not wait for the injector's cache: a pod created right after
-// its quota must get its agent all the same (the injector reads the API server when its cache
-// finds no quota).
+// its quotas must get its agent for every one of them all the same (the injector lists the
+// quotas from the API server, and reads a workload its cache does not have yet from there too).
 func create(ctx context.Context, objs ...client.Object) {
 	for _, o := range objs {
 		Expect(k8sClient.Create(ctx, o)).To(Succeed())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,7 +337,9 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 		result = resultRefused
 	case ctx.Err() != nil:
 		result = resultUnavailable
-	case errors.Is(rctx.Err(), context.DeadlineExceeded):
+	case errors.Is(rctx.Err(), context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		// The second: a client that bounds the exchange by its connection's deadline (h1)
+		// may return a moment before the context's own timer fires.
 		result = resultTimeout
 	default:
 		result = resultError

@@ -16,9 +16,10 @@ import (
 // first. Such an answer means the request was not accepted, so trying again is safe. The
 // schedule can be swapped at run time with SetSchedule.
 type SigningClient struct {
-	// HTTP sends the requests; nil means http.DefaultClient. The engine bounds each request
-	// with Options.PushTimeout through its context.
-	HTTP *http.Client
+	// HTTP sends the requests (*http.Client, or the lean h1.HTTPClient the manager uses); nil
+	// means http.DefaultClient. The engine bounds each request with Options.PushTimeout
+	// through its context's deadline.
+	HTTP assignment.Doer
 	// Now is the clock for signatures; nil means time.Now.
 	Now func() time.Time
 
@@ -26,7 +27,7 @@ type SigningClient struct {
 }
 
 // NewSigningClient returns a SigningClient with schedule s.
-func NewSigningClient(hc *http.Client, s Schedule) *SigningClient {
+func NewSigningClient(hc assignment.Doer, s Schedule) *SigningClient {
 	c := &SigningClient{HTTP: hc}
 	c.SetSchedule(s)
 	return c

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	agentmetrics "github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/push"
@@ -182,8 +183,8 @@ func TestOverlayDecodesAndNamesRealMetrics(t *testing.T) {
 	}
 	var pm podMonitor
 	readStrict(t, "podmonitor.yaml", &pm)
-	if pm.Kind != "PodMonitor" || len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != "apportion-ctl" {
-		t.Errorf("PodMonitor %+v: want the agents' apportion-ctl port", pm)
+	if pm.Kind != "PodMonitor" || len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != apportionv1.AgentPortName {
+		t.Errorf("PodMonitor %+v: want the agents' %s port", pm, apportionv1.AgentPortName)
 	}
 
 	var rule prometheusRule

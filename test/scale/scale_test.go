@@ -661,7 +661,7 @@ func jsonSize(v any) int {
 }
 
 // logMetrics logs the manager's work queue and reconcile figures of the DownstreamQuota
-// controller (SCALE_METRICS).
+// controller and of its status writer (SCALE_METRICS).
 func logMetrics(b *testing.B, addr string) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -672,8 +672,10 @@ func logMetrics(b *testing.B, addr string) {
 	data, _ := io.ReadAll(resp.Body)
 	var lines []string
 	for _, l := range strings.Split(string(data), "\n") {
-		if (strings.Contains(l, `"downstreamquota"`) && (strings.Contains(l, "_sum") || strings.Contains(l, "_count"))) ||
-			strings.HasPrefix(l, "apportion_manager_pushes_total") || strings.HasPrefix(l, "apportion_manager_quiet") {
+		queue := strings.Contains(l, `"downstreamquota"`) || strings.Contains(l, `"downstreamquota_status"`)
+		if (queue && (strings.Contains(l, "_sum") || strings.Contains(l, "_count") || strings.HasPrefix(l, "workqueue_retries_total"))) ||
+			strings.HasPrefix(l, "apportion_manager_pushes_total") || strings.HasPrefix(l, "apportion_manager_quiet") ||
+			strings.HasPrefix(l, "apportion_manager_status_") {
 			lines = append(lines, l)
 		}
 	}

@@ -24,7 +24,9 @@ import (
 // call without a request body is: write the head, flush, read the answer on the same goroutine.
 // A call with a body writes it from a second goroutine while the answer is read, so that an
 // upstream answering before it read the whole body (or streaming both ways) works as with
-// http.Transport.
+// http.Transport — except a body already in memory and small (HTTPClient): it goes out with the
+// head in one write, which the socket's empty send buffer takes whole without the upstream
+// reading it, so nothing can wait on the upstream before the answer is read.
 //
 // Nothing is ever re-sent: a connection is taken from the pool only after a check that the
 // upstream has not closed it while idle (see alive), and once the request was written, any
@@ -33,15 +35,18 @@ import (
 // written whole; anything else closes it.
 
 const (
-	// maxIdlePerHost bounds the idle connections kept per upstream host (as the
-	// MaxIdleConnsPerHost of the agent's http.Transport).
-	maxIdlePerHost = 1024
+	// DefaultMaxIdlePerHost bounds the idle connections kept per upstream host (as the
+	// MaxIdleConnsPerHost of the agent's http.Transport); SetMaxIdlePerHost changes it.
+	DefaultMaxIdlePerHost = 1024
 	// DefaultIdleTimeout closes a connection idle for longer (as the agent's http.Transport's
 	// IdleConnTimeout).
 	DefaultIdleTimeout = 90 * time.Second
 	// upBufSize is the size of each connection's read and write buffers. Bodies larger than
 	// that bypass them (bufio reads and writes large slices directly).
 	upBufSize = 4 << 10
+	// MaxInlineBody is the longest request body HTTPClient sends with the head in one write (see
+	// Client): together they fit the connection's write buffer, and any socket's send buffer.
+	MaxInlineBody = 3 << 10
 	// bodyWriteGrace is how long a complete answer waits for the request body's writer to
 	// report before the connection is given up (http.Transport waits as long).
 	bodyWriteGrace = 50 * time.Millisecond
@@ -89,6 +94,8 @@ type Client struct {
 	// idleTimeout closes a connection idle for longer (DefaultIdleTimeout; tests shorten it
 	// with SetIdleTimeout).
 	idleTimeout time.Duration
+	// maxIdle bounds the idle connections kept per host (DefaultMaxIdlePerHost).
+	maxIdle int
 	// reaping: a timer is set to close the connections that will have been idle too long (see
 	// reap).
 	reaping atomic.Bool
@@ -97,16 +104,25 @@ type Client struct {
 // NewClient returns a Client that dials with a 10 s timeout and TCP keep-alive every 30 s and
 // closes connections idle for DefaultIdleTimeout.
 func NewClient() *Client {
-	return &Client{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}, idleTimeout: DefaultIdleTimeout}
+	return &Client{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		idleTimeout: DefaultIdleTimeout, maxIdle: DefaultMaxIdlePerHost}
 }
 
 // SetIdleTimeout changes how long a connection may stay idle; call it before the first Do.
 func (p *Client) SetIdleTimeout(d time.Duration) { p.idleTimeout = d }
 
+// SetMaxIdlePerHost changes how many idle connections are kept per upstream host (at least
+// one); call it before the first Do. A caller that sends one request at a time to each of many
+// hosts (the manager to its agents) keeps one.
+func (p *Client) SetMaxIdlePerHost(n int) { p.maxIdle = max(n, 1) }
+
 type hostPool struct {
 	addr string // host:port to dial
 	mu   sync.Mutex
 	idle []*upConn // the most recently used last: reuse keeps few connections warm
+	// gone: reap dropped this pool from the map (it had no idle connection); put must not
+	// add to it, or the connection would be kept where neither get nor reap looks.
+	gone bool
 }
 
 type upConn struct {
@@ -194,12 +210,17 @@ func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
 
 // put returns a connection whose last exchange ended cleanly to the idle pool of host.
 func (p *Client) put(host string, uc *upConn) {
-	hp := p.host(host)
 	uc.idleSince = time.Now()
+	hp := p.host(host)
 	hp.mu.Lock()
+	for hp.gone {
+		hp.mu.Unlock()
+		hp = p.host(host)
+		hp.mu.Lock()
+	}
 	// Close the oldest when full or expired; the pool is a stack, so they are at the bottom.
 	var stale *upConn
-	if len(hp.idle) > 0 && (len(hp.idle) >= maxIdlePerHost || uc.idleSince.Sub(hp.idle[0].idleSince) > p.idleTimeout) {
+	if len(hp.idle) > 0 && (len(hp.idle) >= p.maxIdle || uc.idleSince.Sub(hp.idle[0].idleSince) > p.idleTimeout) {
 		stale = hp.idle[0]
 		hp.idle = append(hp.idle[:0], hp.idle[1:]...)
 	}
@@ -217,11 +238,14 @@ func (p *Client) put(host string, uc *upConn) {
 // again for when the oldest of the rest will be, while any is left. Without it, the connections
 // (and their descriptors) of an upstream no longer called would stay open forever, since get
 // and put only look at the host they serve. A connection is closed at most idleTimeout late.
+// A host left without idle connections is dropped from the map: a caller of many short-lived
+// upstreams (the manager's agents, each pod its own address) would otherwise keep one entry
+// per address it ever called.
 func (p *Client) reap() {
 	now := time.Now()
 	var stale []*upConn
 	next := time.Duration(-1)
-	p.hosts.Range(func(_, v any) bool {
+	p.hosts.Range(func(k, v any) bool {
 		hp := v.(*hostPool)
 		hp.mu.Lock()
 		i := 0 // the stack holds the oldest at the bottom
@@ -236,6 +260,9 @@ func (p *Client) reap() {
 			if d := p.idleTimeout - now.Sub(hp.idle[0].idleSince); next < 0 || d < next {
 				next = d
 			}
+		} else {
+			hp.gone = true
+			p.hosts.CompareAndDelete(k, hp)
 		}
 		hp.mu.Unlock()
 		return true
@@ -309,6 +336,13 @@ type Target struct {
 // bodyWriteGrace (the upstream did not want the rest): req.Body's Close must then end that
 // read.
 func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Response, error) {
+	return p.do(req, t, deadline, nil)
+}
+
+// do is Do; inline, when not nil, is the request's body, already read from req.Body (whose
+// ContentLength is its length, at most MaxInlineBody): it is written with the head, in one
+// write, on the caller's goroutine (see HTTPClient).
+func (p *Client) do(req *http.Request, t Target, deadline time.Time, inline []byte) (*http.Response, error) {
 	uc, err := p.get(t.Host, deadline)
 	if err != nil {
 		return nil, err
@@ -316,18 +350,31 @@ func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Resp
 	ex := &uc.ex // the connection's: no allocation per call
 	*ex = exchange{p: p, uc: uc, host: t.Host, reqBody: req.Body}
 	writeRequestHead(uc.bw, req, t)
-	if req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0 {
+	switch {
+	case inline != nil:
+		// As the body writer: a failed write is the exchange's only if no answer can be read
+		// (the upstream may have answered and closed before reading it all).
+		_, _ = uc.bw.Write(inline)
+		if ex.writeErr = uc.bw.Flush(); ex.writeErr != nil {
+			ex.unsent = true
+		}
+	case req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0:
 		ex.bodyDone = make(chan error, 1)
 		go func() { ex.bodyDone <- uc.writeBody(req.Body, req.ContentLength) }()
-	} else if err := uc.bw.Flush(); err != nil {
-		uc.close()
-		return nil, err
+	default:
+		if err := uc.bw.Flush(); err != nil {
+			uc.close()
+			return nil, err
+		}
 	}
 	// The body is read to its end or its connection closed; Close would drain it.
 	res, err := readResponse(uc.br, &uc.lr, req) //nolint:bodyclose // see above
 	if err != nil {
 		ex.waitBody()
 		uc.close()
+		if ex.writeErr != nil {
+			return nil, ex.writeErr // the cause: the answer's read failed because of it
+		}
 		return nil, err
 	}
 	ex.body, ex.close = res.Body, res.Close
@@ -344,6 +391,9 @@ type exchange struct {
 	reqBody io.ReadCloser
 	// bodyDone reports the request body's writer's end; nil: no request body, or it reported.
 	bodyDone chan error
+	// unsent: the request was not written whole (an inline body's write failed, writeErr).
+	unsent   bool
+	writeErr error
 	body     io.ReadCloser // the answer's body as read from the connection
 	close    bool          // the answer does not allow keep-alive
 	eof      bool          // the body's end was read
@@ -356,7 +406,7 @@ type exchange struct {
 // connection is closed to end the writer, and cannot be reused.
 func (ex *exchange) waitBody() bool {
 	if ex.bodyDone == nil {
-		return true
+		return !ex.unsent
 	}
 	select {
 	case err := <-ex.bodyDone:

@@ -3,7 +3,8 @@
 // pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
 // http.ResponseWriter with http.ResponseController's deadlines, flushing and hijacking,
 // *http.Request, *http.Response) and knows nothing of downstreams, permits, breakers or
-// fallbacks: that policy is package proxy's, served by it.
+// fallbacks: that policy is package proxy's, served by it. The manager sends its control-API
+// requests to the agents with the same Client, through HTTPClient (http.Client's shape).
 //
 // Why its own engine, for CPU (see docs/benchmarks.md): http.Server starts a background read
 // per request and http.Transport two goroutines per connection with channel handoffs per call;

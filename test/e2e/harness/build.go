@@ -104,14 +104,12 @@ func build(ctx context.Context) (*Binaries, error) {
 		race = raceEnabled
 	}
 	b := &Binaries{Dir: dir, Manager: filepath.Join(dir, "manager"), Race: race}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if race {
-		args = append(args, "-race")
-	}
+	args, env := buildFlags(dir, race)
 	start := time.Now()
 	goBuild := func(pkg string) error {
 		cmd := exec.CommandContext(ctx, "go", append(args, pkg)...)
 		cmd.Dir = root
+		cmd.Env = env
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
@@ -152,6 +150,20 @@ func build(ctx context.Context) (*Binaries, error) {
 	return b, nil
 }
 
+// buildFlags are the go build arguments (up to the package) and environment of the binaries
+// put in dir. Without -race they are built as the images build them (hack/images: static, with
+// CGO_ENABLED=0 and -trimpath): what runs here is what ships, and in `make test` the
+// dependencies compiled once for the images' test serve these builds too, from the build cache
+// (a third configuration of the whole dependency graph would cost minutes of a cold run). -race
+// needs cgo, so a race build keeps the default configuration.
+func buildFlags(dir string, race bool) (args, env []string) {
+	args = []string{"build", "-o", dir + string(filepath.Separator)}
+	if race {
+		return append(args, "-race"), os.Environ()
+	}
+	return append(args, "-trimpath"), append(os.Environ(), "CGO_ENABLED=0")
+}
+
 var flagLine = regexp.MustCompile(`(?m)^\s+--?([A-Za-z0-9][-A-Za-z0-9_.]*)`)
 
 // flagsOf runs "bin -h" and collects the flag names its usage lists (Go's flag package and
@@ -188,12 +200,10 @@ func BuildPackage(ctx context.Context, pkg string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	args := []string{"build", "-o", b.Dir + string(filepath.Separator)}
-	if b.Race {
-		args = append(args, "-race")
-	}
+	args, env := buildFlags(b.Dir, b.Race)
 	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...)
 	cmd.Dir = root
+	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -26,10 +26,14 @@ type MonitorConfig struct {
 	// Key signs the GET /v1/state calls; it is called again after a failure (key rotation).
 	Key func() (assignment.SigningKey, error)
 	// SafeDefault is what an agent falls back to when its lease passes (the quota's
-	// status.safeDefaultPermits). The monitor models an unreachable agent with it: it holds what
-	// it last reported until its lease ends, then min(permits, SafeDefault()). nil keeps the last
-	// report (conservative).
+	// status.safeDefaultPermits). The monitor models an unreachable agent with it (Modeled): it
+	// holds what it last reported until its lease ends, then the agent's own lapsed limit,
+	// assignment.LapsedLimit(permits, SafeDefault(), FailClosed()). nil keeps the last report
+	// (conservative).
 	SafeDefault func() int32
+	// FailClosed reports whether the quota's failurePolicy is Closed (the lapsed limit is then
+	// 0); nil is false, the default policy SafeDefault.
+	FailClosed func() bool
 	// RequestTimeout bounds how long an unreachable agent's reported calls may still be in flight.
 	RequestTimeout time.Duration
 	// DS is the test downstream, whose own peak and 429s the summary includes.
@@ -256,6 +260,7 @@ func (m *Monitor) sample(ctx context.Context) {
 	if m.cfg.SafeDefault != nil {
 		safe = m.cfg.SafeDefault()
 	}
+	failClosed := m.cfg.FailClosed != nil && m.cfg.FailClosed()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	alive := map[*Agent]bool{}
@@ -285,15 +290,7 @@ func (m *Monitor) sample(ctx context.Context) {
 				Reachable: true, Epoch: r.State.Epoch, Gen: r.State.Generation}
 			m.last[a.Pod] = *r
 		} else if last, ok := m.last[a.Pod]; ok {
-			// Unreachable: what it held when last read, lowered when its lease passed.
-			as = AgentSample{Effective: last.DS.EffectivePermits, Permits: last.DS.Permits, InFlight: last.DS.InFlight,
-				Epoch: last.State.Epoch, Gen: last.State.Generation}
-			if le := last.State.LeaseExpiresAt; !le.IsZero() && now.After(le) && safe >= 0 {
-				as.Effective = min(as.Effective, last.DS.Permits, safe)
-			}
-			if now.Sub(last.At) > m.cfg.RequestTimeout {
-				as.InFlight = 0
-			}
+			as = Modeled(last, now, safe, failClosed, m.cfg.RequestTimeout)
 			s.Unreachable++
 		}
 		s.Agents[a.Pod] = as
@@ -339,6 +336,27 @@ func (m *Monitor) sample(ctx context.Context) {
 	if m.cfg.KeepHistory {
 		m.history = append(m.history, s)
 	}
+}
+
+// Modeled is what an agent that stopped answering holds at now, from its last good reading:
+//   - before its lease ends (or when it reported none): what it last reported;
+//   - after: its effective permits lowered to the limit the agent itself falls back to,
+//     assignment.LapsedLimit(permits, safe, failClosed) — the same function the agent enforces and
+//     the manager's ledger counts, so the monitor cannot drift from either; never raised (a
+//     reading taken after the lease already lapsed is at that limit or below);
+//   - safe < 0 (unknown): its last report, never lowered (conservative);
+//   - in-flight: its last report until requestTimeout after that reading, then 0 (every call
+//     it had admitted has timed out by then).
+func Modeled(last Reading, now time.Time, safe int32, failClosed bool, requestTimeout time.Duration) AgentSample {
+	as := AgentSample{Effective: last.DS.EffectivePermits, Permits: last.DS.Permits, InFlight: last.DS.InFlight,
+		Epoch: last.State.Epoch, Gen: last.State.Generation}
+	if le := last.State.LeaseExpiresAt; !le.IsZero() && now.After(le) && safe >= 0 {
+		as.Effective = min(as.Effective, assignment.LapsedLimit(last.DS.Permits, safe, failClosed))
+	}
+	if now.Sub(last.At) > requestTimeout {
+		as.InFlight = 0
+	}
+	return as
 }
 
 func (m *Monitor) addViolation(v Violation) {

@@ -135,6 +135,7 @@ type Scenario struct {
 	Pushing bool
 
 	safeDefault atomic.Int32
+	failClosed  atomic.Bool
 	cancel      context.CancelFunc
 	ctx         context.Context
 }
@@ -228,7 +229,7 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		if s.Monitor, err = StartMonitor(s.ctx, MonitorConfig{
 			Source: s.Workload, Downstream: s.Cfg.Quota, Limit: cfg.Limit, Hz: cfg.MonitorHz, Key: s.Keys.Key,
 			SafeDefault: func() int32 { return s.safeDefault.Load() }, RequestTimeout: cfg.RequestTimeout,
-			DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory,
+			FailClosed: s.failClosed.Load, DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory,
 		}); err != nil {
 			return nil, err
 		}
@@ -260,13 +261,15 @@ func (s *Scenario) writeBootstrap(dq *apportionv1.DownstreamQuota) (string, erro
 	return path, os.WriteFile(path, data, 0o644)
 }
 
-// ledger reads status.ledger (and keeps status.safeDefaultPermits for the monitor).
+// ledger reads status.ledger (and keeps status.safeDefaultPermits and the failure policy for
+// the monitor).
 func (s *Scenario) ledger(ctx context.Context) (LedgerReading, error) {
 	dq, err := s.Quota(ctx)
 	if err != nil {
 		return LedgerReading{}, err
 	}
 	s.safeDefault.Store(dq.Status.SafeDefaultPermits)
+	s.failClosed.Store(dq.Spec.Agent.FailurePolicy == apportionv1.FailureClosed)
 	var b strings.Builder
 	fmt.Fprintf(&b, "pods=%d perPod=%s assigned=%d holdings:", dq.Status.Pods, dq.Status.PerPod, dq.Status.Assigned)
 	for _, h := range dq.Status.Holdings {
