@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -63,6 +64,7 @@ type options struct {
 	version          bool
 	webhook          webhookOptions
 	sharing          sharingOptions // sharing.go
+	memory           memoryOptions  // memlimit.go
 	inject           inject.Config
 }
 
@@ -92,6 +94,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	o.webhook.bind(fs)
 	o.sharing.bind(fs)
+	o.memory.bind(fs)
 	zo := &zap.Options{}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -115,6 +118,9 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 			o.renewEvery, o.pushTimeout, o.leaseTTL))
 	}
 	if err := o.sharing.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.memory.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.quotaWorkers < 1 {
@@ -164,6 +170,13 @@ func run(args []string) error {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(zo)))
 	setupLog := ctrl.Log.WithName("setup")
 
+	// Before the caches fill: the collector keeps the heap under the soft limit from the start.
+	soft := decideSoftLimit(o.memory, os.Getenv("GOMEMLIMIT"), memlimit.FromCgroup)
+	if soft.Err != nil {
+		setupLog.Error(soft.Err, "no soft memory limit set: reading the container's memory limit failed")
+	}
+	setupLog.Info("soft memory limit", "limit", formatSoftLimit(applySoftLimit(soft)), "from", soft.From)
+
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(apportionv1.AddToScheme(scheme))
@@ -187,9 +200,9 @@ func run(args []string) error {
 		// A leader that loses its lease stops at once; its pushes would be fenced by epoch anyway.
 		LeaderElectionReleaseOnCancel: true,
 	}
-	// Managed fields are a large part of every cached object (a pod's several kilobytes) and
-	// nothing here reads them: at thousands of pods they are most of the cache.
-	mopts.Cache = cache.Options{ByObject: controller.TrustCacheOptions(), DefaultTransform: cache.TransformStripManagedFields()}
+	// The cache keeps of every Pod, workload, HPA and Namespace only the fields the manager reads,
+	// and no object's managed fields: at thousands of pods the cache is most of the live heap.
+	mopts.Cache = controller.CacheOptions()
 	if o.webhook.port > 0 {
 		mopts.WebhookServer = o.webhook.webhookServer()
 	}

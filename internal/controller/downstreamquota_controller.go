@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -279,11 +280,9 @@ func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t ap
 		return o, err
 	}
 	for _, p := range pods.Items {
-		// A pod that finished cannot call anything; every other pod, terminating ones included, may.
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
+		if mayCall(&p) {
+			o.Pods = append(o.Pods, p)
 		}
-		o.Pods = append(o.Pods, p)
 	}
 	sort.Slice(o.Pods, func(i, j int) bool { return o.Pods[i].Name < o.Pods[j].Name })
 	return o, nil
@@ -405,6 +404,12 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	return d
 }
 
+// mayCall says whether a listed pod may call the downstream: a pod that finished cannot call
+// anything; every other pod, terminating ones included, may.
+func mayCall(p *corev1.Pod) bool {
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
 // podAgent is what a pod's spec says about its Apportion agent.
 type podAgent struct {
 	// Port is the agent's control port; 0 when the pod has none the manager can find.
@@ -419,24 +424,16 @@ type podAgent struct {
 // runs); a --bootstrap flag in the command or arguments of any of those containers. An
 // annotation that is not a port number is ignored (the named port, if any, is used).
 func agentOf(p *corev1.Pod) podAgent {
-	var a podAgent
-	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
-			a.Port = n
-		}
-	}
+	a := podAgent{Port: annotatedPort(p)}
 	check := func(c *corev1.Container) {
 		for _, cp := range c.Ports {
-			if a.Port == 0 && cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0 {
+			if a.Port == 0 && isAgentPort(cp) {
 				a.Port = int(cp.ContainerPort)
 			}
 		}
 		for _, list := range [][]string{c.Command, c.Args} {
-			for _, arg := range list {
-				flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
-				if strings.HasPrefix(arg, "-") && flag == "bootstrap" {
-					a.Bootstrap = true
-				}
+			if slices.ContainsFunc(list, isBootstrapArg) {
+				a.Bootstrap = true
 			}
 		}
 	}
@@ -444,12 +441,40 @@ func agentOf(p *corev1.Pod) podAgent {
 		check(&p.Spec.Containers[i])
 	}
 	for i := range p.Spec.InitContainers {
-		c := &p.Spec.InitContainers[i]
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		if c := &p.Spec.InitContainers[i]; isNativeSidecar(c) {
 			check(c)
 		}
 	}
 	return a
+}
+
+// annotatedPort is the port of the pod's apportion.io/agent-port annotation; 0 when it has none
+// or it is not a port number.
+func annotatedPort(p *corev1.Pod) int {
+	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
+			return n
+		}
+	}
+	return 0
+}
+
+// isAgentPort says whether a container port is an agent's control port (named apportion-ctl).
+func isAgentPort(cp corev1.ContainerPort) bool {
+	return cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0
+}
+
+// isBootstrapArg says whether one word of a command or its arguments is the agent's --bootstrap
+// flag (-bootstrap, --bootstrap, --bootstrap=FILE), not a value that merely says bootstrap.
+func isBootstrapArg(arg string) bool {
+	flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	return strings.HasPrefix(arg, "-") && flag == "bootstrap"
+}
+
+// isNativeSidecar says whether an init container runs beside the app (restartPolicy Always),
+// where an injected agent runs; other init containers finish before the app starts.
+func isNativeSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 // agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.

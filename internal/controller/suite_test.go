@@ -43,7 +43,9 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	cfg, k8sClient, scheme = testEnv.Config, testEnv.Client, testEnv.Scheme
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	// The manager's own cache (stripped objects), so that the controllers run here on what they
+	// get in production.
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: CacheOptions()})
 	Expect(err).NotTo(HaveOccurred())
 	var ctx context.Context
 	ctx, cancel = context.WithCancel(context.Background())

@@ -27,7 +27,10 @@ type hold struct {
 type version struct {
 	gen        int64
 	assignment *assignment.Assignment // immutable snapshot, shared with the request that sends it
-	holds      map[string]hold        // by downstream (quota) name
+	// holds is per downstream (quota) name, in the assignment's order: a slice, not a map — a
+	// pod has a version or two per agent and mostly one downstream, and at 10,000 pods a map
+	// each is megabytes; look one up with hold.
+	holds []namedHold
 
 	// The lease this version may have started ends by the latest of:
 	okEnd   time.Time // every answered send: answer received + LeaseTTL
@@ -42,10 +45,26 @@ type version struct {
 
 func (v *version) leaseEnd() time.Time { return maxTime(v.okEnd, v.failEnd, v.sendEnd) }
 
+type namedHold struct {
+	name string
+	hold
+}
+
+// hold is what the version gives downstream name, and whether it names it at all.
+func (v *version) hold(name string) (hold, bool) {
+	for i := range v.holds {
+		if v.holds[i].name == name {
+			return v.holds[i].hold, true
+		}
+	}
+	return hold{}, false
+}
+
 func newVersion(a *assignment.Assignment) *version {
-	v := &version{gen: a.Generation, assignment: a, holds: make(map[string]hold, len(a.Downstreams))}
+	v := &version{gen: a.Generation, assignment: a, holds: make([]namedHold, 0, len(a.Downstreams))}
 	for _, d := range a.Downstreams {
-		v.holds[d.Name] = hold{permits: d.Permits, fallback: d.LapsedLimit(), requestTimeout: d.RequestTimeout.D()}
+		// Validate refuses an assignment that names a downstream twice: the names are unique.
+		v.holds = append(v.holds, namedHold{d.Name, hold{permits: d.Permits, fallback: d.LapsedLimit(), requestTimeout: d.RequestTimeout.D()}})
 	}
 	return v
 }
@@ -269,7 +288,7 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 		count(e.inflight, e.inflightAt.Add(e.maxRequestTimeout))
 	}
 	for _, v := range p.versions {
-		if h, ok := v.holds[name]; ok {
+		if h, ok := v.hold(name); ok {
 			lease(h.permits, v.leaseEnd(), max(h.requestTimeout, e.maxRequestTimeout), h.fallback)
 		}
 	}

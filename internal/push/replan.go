@@ -123,7 +123,8 @@ func ackedPermits(e *entry) int32 {
 	if v == nil {
 		return -1
 	}
-	return v.holds[e.quota.key.Name].permits
+	h, _ := v.hold(e.quota.key.Name)
+	return h.permits
 }
 
 func synced(e *entry) bool {

@@ -93,7 +93,7 @@ func (c *core) priority(p *podState, kind workKind) int {
 	if n := len(p.versions); n > 0 {
 		last := p.versions[n-1]
 		for _, e := range p.entries {
-			if h, ok := last.holds[e.quota.key.Name]; ok && e.grant < h.permits {
+			if h, ok := last.hold(e.quota.key.Name); ok && e.grant < h.permits {
 				return 0
 			}
 		}

@@ -94,9 +94,11 @@ func envInt(b *testing.B, name string, def int) int {
 //
 // Knobs (environment): SCALE_CONFIGS, SCALE_IDLE (idle window, default 30s), SCALE_EVENTS
 // (default 3), SCALE_PUSH_WORKERS (the manager's --push-workers), SCALE_PPROF (an address: the
-// manager serves net/http/pprof there), SCALE_METRICS (an address: the manager serves its
-// metrics there, and the DownstreamQuota work queue's figures are logged), SCALE_KEEP (keep the
-// work directory with the manager's log).
+// manager serves net/http/pprof there; default a free loopback port, from which the Go memory
+// figures are read at the end), SCALE_MEMORY_LIMIT (the manager's --memory-limit: default the
+// shipped manifest's, "off" for no soft memory limit; see memoryLimit), SCALE_METRICS (an
+// address: the manager serves its metrics there, and the DownstreamQuota work queue's figures
+// are logged), SCALE_KEEP (keep the work directory with the manager's log).
 func BenchmarkScale(b *testing.B) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		b.Skip(harness.ErrNoAssets.Error())
@@ -134,6 +136,8 @@ type result struct {
 	statusWritesPerQuotaEvent float64
 	loadIdle, loadChange      string
 	timeouts                  int // events in which some agent never got there (SCALE_EVENT_TIMEOUT)
+	memLimit, softLimit       string
+	mem                       goMemory
 }
 
 type rate struct{ total, writes, status, events float64 }
@@ -166,9 +170,23 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	if n := os.Getenv("SCALE_PUSH_WORKERS"); n != "" {
 		extra = append(extra, "--push-workers="+n)
 	}
-	if addr := os.Getenv("SCALE_PPROF"); addr != "" && bin.ManagerHas("pprof-bind-address") {
-		extra = append(extra, "--pprof-bind-address="+addr)
+	// net/http/pprof on loopback, for the Go memory figures read at the end.
+	pprofAddr := os.Getenv("SCALE_PPROF")
+	if pprofAddr == "" {
+		if pprofAddr, err = freeAddr(); err != nil {
+			b.Fatal(err)
+		}
 	}
+	if !bin.ManagerHas("pprof-bind-address") {
+		pprofAddr = ""
+	} else {
+		extra = append(extra, "--pprof-bind-address="+pprofAddr)
+	}
+	memArgs, memSay, err := memoryLimit(bin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	extra = append(extra, memArgs...)
 	metricsAddr := os.Getenv("SCALE_METRICS")
 	if metricsAddr != "" {
 		extra = append(extra, "--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
@@ -186,6 +204,8 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	}
 	b.Cleanup(func() { _ = mgr.Stop(10 * time.Second) })
 	pid := mgr.Pid()
+	r := result{cfg: c, memLimit: memSay, softLimit: softLimitFromLog(mgr.LogPath)}
+	b.Logf("%s: %s; soft limit %s", c, memSay, r.softLimit)
 
 	fleet, err := newFleet()
 	if err != nil {
@@ -225,7 +245,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	if _, err := waitAgents(ctx, agents, envDuration(b, "SCALE_SETUP_TIMEOUT", 10*time.Minute)); err != nil {
 		b.Fatalf("initial permits: %v", err)
 	}
-	r := result{cfg: c, setup: time.Since(t0)}
+	r.setup = time.Since(t0)
 	b.Logf("%s: every agent enforces its first permits %s after the start", c, r.setup.Round(time.Millisecond))
 
 	// Idle: renewals only. Two renewal periods to settle first.
@@ -314,6 +334,11 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	r.changeCPU, r.changeAPI, r.changePushes = cm.rates()
 	r.statusWritesPerQuotaEvent = float64(cm.api.statusWrites) / float64(events*c.quotas)
 	r.rss, r.hwm, _ = procMem(pid)
+	if pprofAddr != "" {
+		if r.mem, err = readGoMemory(pprofAddr); err != nil {
+			b.Logf("%s: Go memory figures: %v", c, err)
+		}
+	}
 	var dq apportionv1.DownstreamQuota
 	if err := cp.Client.Get(ctx, types.NamespacedName{Namespace: ns(0), Name: "dq"}, &dq); err == nil {
 		r.statusBytes = jsonSize(dq.Status)
@@ -593,7 +618,15 @@ func table(rows []result) string {
 		}
 	}
 	s.WriteString("\nAPI columns are requests/s caused by the manager (watches count once, when opened); st.w/q/ev is\n" +
-		"status writes per quota per event; psh is pushes/s the agents received; stat KB is one quota's status.\n\nTargets:\n")
+		"status writes per quota per event; psh is pushes/s the agents received; stat KB is one quota's status.\n\n")
+	s.WriteString("Manager memory at the end (RSS first, then from its pprof endpoint): heap = HeapInuse, stacks =\n" +
+		"goroutine stacks in use, live = HeapAlloc just after a forced collection (what the collector keeps at best).\n")
+	fmt.Fprintf(&s, "%-11s %7s %7s %7s %7s %8s %9s %9s %s\n", "pods×quotas", "RSS MB", "heap MB", "stk MB", "live MB", "gorout.", "live/pod", "soft lim", "memory limit")
+	for _, r := range rows {
+		fmt.Fprintf(&s, "%-11s %7.0f %7.0f %7.0f %7.0f %8d %8.1fK %9s %s\n", r.cfg, float64(r.rss)/(1<<20), float64(r.mem.heapInuse)/(1<<20),
+			float64(r.mem.stackInuse)/(1<<20), float64(r.mem.live)/(1<<20), r.mem.goroutines, float64(r.mem.live)/1024/float64(r.cfg.pods), r.softLimit, r.memLimit)
+	}
+	s.WriteString("\nTargets:\n")
 	for _, r := range rows {
 		if r.cfg.pods == 1000 && r.cfg.quotas == 100 {
 			s.WriteString(verdict(r.p99 <= time.Second, "convergence p99 ≤ 1 s at 1,000 pods × 100 quotas", r.p99.String()))
