@@ -298,9 +298,11 @@ func (e *Engine) worker(ctx context.Context) {
 }
 
 // do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
-// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded).
+// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded). The bound is
+// the request context's deadline: with a timer (context.WithTimeout) unless the client ends a
+// request at its deadline by itself (DeadlineBounded, requestContext).
 func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, []byte, error) {
-	rctx, cancel := context.WithTimeout(ctx, e.opts.PushTimeout)
+	rctx, cancel := requestContext(ctx, e.opts.Client, e.opts.PushTimeout)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
@@ -337,9 +339,11 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 		result = resultRefused
 	case ctx.Err() != nil:
 		result = resultUnavailable
-	case errors.Is(rctx.Err(), context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
-		// The second: a client that bounds the exchange by its connection's deadline (h1)
-		// may return a moment before the context's own timer fires.
+	case errors.Is(rctx.Err(), context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.Is(err, context.DeadlineExceeded):
+		// The second and third: a client that bounds the exchange by its connection's deadline
+		// (h1: a read or write past it, a dial past it) returns before, or without, a timer
+		// ending the context (DeadlineBounded).
 		result = resultTimeout
 	default:
 		result = resultError

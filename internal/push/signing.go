@@ -33,6 +33,14 @@ func NewSigningClient(hc assignment.Doer, s Schedule) *SigningClient {
 	return c
 }
 
+// BoundsByDeadline implements DeadlineBounded: it ends a request at its context's deadline by
+// itself when its HTTP client does (h1.HTTPClient: the deadline is its connection's). Trying
+// the other keys after an unknown-key answer stays within the same deadline.
+func (c *SigningClient) BoundsByDeadline() bool {
+	d, ok := c.HTTP.(DeadlineBounded)
+	return ok && d.BoundsByDeadline()
+}
+
 // SetSchedule replaces the keys.
 func (c *SigningClient) SetSchedule(s Schedule) { c.sched.Store(&s) }
 

@@ -121,3 +121,131 @@ func TestClientPoolsOnlyCleanlyEndedExchanges(t *testing.T) {
 		t.Fatalf("%d connections, want 2: the one whose answer was closed unread is not reused", n)
 	}
 }
+
+// countPooled replaces poolBuffers for the test with one that also counts the times a
+// connection gives its buffers back.
+func countPooled(t *testing.T) *atomic.Int32 {
+	t.Helper()
+	var n atomic.Int32
+	orig := poolBuffers
+	poolBuffers = func(br *bufio.Reader, bw *bufio.Writer) {
+		n.Add(1)
+		orig(br, bw)
+	}
+	t.Cleanup(func() { poolBuffers = orig })
+	return &n
+}
+
+// idleConns returns the idle connections Client holds for u.
+func idleConns(c *Client, u *upstream) []*upConn {
+	hp := c.host(u.addr)
+	hp.mu.Lock()
+	defer hp.mu.Unlock()
+	return append([]*upConn(nil), hp.idle...)
+}
+
+// An idle connection holds no buffer: it gives them back when its exchange ends, takes them
+// again when it carries the next one, and works then. Closing it while idle (reaped, closed
+// by CloseIdleConnections, found closed by the upstream) gives nothing back again.
+func TestClientIdleConnectionHoldsNoBuffer(t *testing.T) {
+	pooled := countPooled(t)
+	u := newUpstream(t)
+	c := NewClient()
+	t.Cleanup(c.CloseIdleConnections)
+	get(t, c, u, http.Header{}, true)
+	idle := idleConns(c, u)
+	if len(idle) != 1 {
+		t.Fatalf("%d idle connections after one call, want 1", len(idle))
+	}
+	if idle[0].br != nil || idle[0].bw != nil {
+		t.Fatalf("an idle connection holds buffers: reader %p, writer %p", idle[0].br, idle[0].bw)
+	}
+	if n := pooled.Load(); n != 1 {
+		t.Fatalf("buffers given back %d times after one call, want 1", n)
+	}
+	for range 3 { // reused: the same connection, with buffers again, and works
+		get(t, c, u, http.Header{"X-Call": {"again"}}, true)
+	}
+	if n := u.conns.Load(); n != 1 {
+		t.Fatalf("%d connections for four calls, want 1 (the idle one reused)", n)
+	}
+	if !strings.Contains(u.lastHead(), "X-Call: again\r\n") {
+		t.Fatalf("the reused connection sent %q", u.lastHead())
+	}
+	if again := idleConns(c, u); len(again) != 1 || again[0] != idle[0] || again[0].br != nil || again[0].bw != nil {
+		t.Fatalf("idle after reuse: %v, want the first connection without buffers", again)
+	}
+	if n := pooled.Load(); n != 4 {
+		t.Fatalf("buffers given back %d times after four calls, want 4", n)
+	}
+
+	c.CloseIdleConnections() // closed while idle: nothing more is given back
+	c.reap()
+	if n := pooled.Load(); n != 4 {
+		t.Fatalf("buffers given back %d times after the idle connection was closed, want still 4", n)
+	}
+	get(t, c, u, http.Header{}, true) // a new connection, with buffers from the pool
+	if n := u.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2 (the closed one replaced)", n)
+	}
+	if n := pooled.Load(); n != 5 {
+		t.Fatalf("buffers given back %d times, want 5", n)
+	}
+}
+
+// A connection whose upstream sent bytes after the answer is not pooled: its reader holds them
+// (put closes it, keeping its buffers out of the pools) or the socket does (get finds it not
+// alive); either way the next call takes a new connection.
+func TestClientClosesConnectionWithUnaskedBytes(t *testing.T) {
+	pooled := countPooled(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conns atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					for {
+						line, err := br.ReadString('\n')
+						if err != nil {
+							return
+						}
+						if line == "\r\n" {
+							break
+						}
+					}
+					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	c := NewClient()
+	t.Cleanup(c.CloseIdleConnections)
+	u := &upstream{addr: ln.Addr().String()}
+	for range 2 {
+		get(t, c, u, http.Header{}, true)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections for two calls, want 2: a connection with unasked bytes is not reused", n)
+	}
+	for _, uc := range idleConns(c, u) {
+		if uc.br != nil || uc.bw != nil {
+			t.Fatalf("an idle connection holds buffers")
+		}
+	}
+	if n := pooled.Load(); n > 2 {
+		t.Fatalf("buffers given back %d times for two calls", n)
+	}
+}

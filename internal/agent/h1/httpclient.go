@@ -1,9 +1,11 @@
 package h1
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 )
 
 // HTTPClient sends requests the way http.Client.Do does — addressed by their URL, bounded by
@@ -16,7 +18,8 @@ import (
 //
 //   - The exchange is bounded by the context's deadline, as the connection's deadline (no
 //     timer per call). A context without a deadline is not watched: cancelling it does not end
-//     a call already sent. A context already done is not sent at all (its error is returned).
+//     a call already sent. A context already done is not sent at all (its error is returned),
+//     nor one past its deadline (context.DeadlineExceeded), whether a timer ended it or not.
 //   - A body of known length of at most MaxInlineBody is read from req.Body before anything is
 //     sent, then written with the head in one write, on the caller's goroutine (no body-writer
 //     goroutine, one system call). It must therefore not block, as a body in memory does not
@@ -32,6 +35,11 @@ import (
 type HTTPClient struct {
 	C *Client
 }
+
+// BoundsByDeadline reports that Do ends a call at its context's deadline by itself (the
+// connection's deadline), without watching the context's Done: a caller may pass a context
+// whose deadline no timer enforces (the manager's push engine: push.DeadlineBounded).
+func (HTTPClient) BoundsByDeadline() bool { return true }
 
 // Do sends req and returns the answer (see HTTPClient).
 func (c HTTPClient) Do(req *http.Request) (*http.Response, error) {
@@ -49,6 +57,10 @@ func (c HTTPClient) Do(req *http.Request) (*http.Response, error) {
 		return fail(err)
 	}
 	deadline, _ := ctx.Deadline() // zero: none
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// Past its deadline, even if no timer ended the context (BoundsByDeadline).
+		return fail(context.DeadlineExceeded)
+	}
 	t := Target{Host: req.URL.Host, Path: req.URL.EscapedPath(), RawQuery: req.URL.RawQuery}
 	if n := req.ContentLength; n > 0 && n <= MaxInlineBody && req.Body != nil && req.Body != http.NoBody {
 		buf := copyBuffers.Get().(*[BufferSize]byte)

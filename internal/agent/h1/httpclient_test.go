@@ -282,3 +282,30 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 		t.Fatalf("%d connections, want 3 (the reaped one replaced once, then reused)", n)
 	}
 }
+
+// pastDeadline is a context past its deadline that no timer ended (its Err is nil), as the push
+// engine's timerless request context can be.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// A request whose context is past its deadline is not sent, even when no timer ended the
+// context: the deadline alone bounds a call (BoundsByDeadline).
+func TestHTTPClientPastDeadlineNotSent(t *testing.T) {
+	u := newUpstream(t)
+	c := HTTPClient{C: NewClient()}
+	t.Cleanup(c.C.CloseIdleConnections)
+	req, err := http.NewRequestWithContext(pastDeadline{context.Background()}, http.MethodGet, "http://"+u.addr+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Do(req); !errors.Is(err, context.DeadlineExceeded) {
+		if res != nil {
+			res.Body.Close()
+		}
+		t.Fatalf("Do past the deadline: %v, want context.DeadlineExceeded", err)
+	}
+	if n := u.conns.Load(); n != 0 {
+		t.Fatalf("%d connections made for a call past its deadline", n)
+	}
+}

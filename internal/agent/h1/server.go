@@ -256,11 +256,16 @@ func (s *Server) logger() *slog.Logger {
 }
 
 // Buffers of a connection, recycled when it closes: an idle keep-alive connection costs its
-// goroutine and these 8 KiB.
+// goroutine and these 8 KiB. The client's connections to upstreams share them, and hold them
+// only while carrying an exchange (upConn). Bodies larger than connBufSize bypass them (bufio
+// reads and writes large slices directly).
 var (
-	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, connBufSize) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, connBufSize) }}
 )
+
+// connBufSize is the size of each connection's read and write buffers.
+const connBufSize = 4 << 10
 
 type srvConn struct {
 	s      *Server

@@ -1,0 +1,42 @@
+package push
+
+import (
+	"context"
+	"time"
+)
+
+// DeadlineBounded is implemented by an AgentClient that may end every request at its context's
+// deadline by itself, without watching the context's Done: SigningClient over h1.HTTPClient,
+// which makes the deadline its connection's. When BoundsByDeadline reports true the engine
+// bounds a request with a context that carries the PushTimeout deadline and no timer
+// (deadlineOnly), sparing a timer and a registration with the engine's context per push —
+// the request still ends at the same deadline, by the client's own doing. Any other client
+// gets context.WithTimeout's context, whose Done closes at the deadline.
+type DeadlineBounded interface {
+	BoundsByDeadline() bool
+}
+
+// deadlineOnly is a context with a deadline that no timer enforces: Done, Err and Value are
+// its parent's, so it is cancelled with the parent (the engine stopping) but not at its
+// deadline. Only for a DeadlineBounded client, which ends the request at the deadline itself.
+type deadlineOnly struct {
+	context.Context
+	deadline time.Time
+}
+
+// Deadline is the earlier of the parent's deadline and its own.
+func (c *deadlineOnly) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+// requestContext returns the context that bounds one request to c by timeout: a deadlineOnly
+// for a DeadlineBounded client that says it bounds by deadline, context.WithTimeout's otherwise.
+func requestContext(ctx context.Context, c AgentClient, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if d, ok := c.(DeadlineBounded); ok && d.BoundsByDeadline() {
+		return &deadlineOnly{Context: ctx, deadline: time.Now().Add(timeout)}, func() {}
+	}
+	return context.WithTimeout(ctx, timeout)
+}
