@@ -149,9 +149,9 @@ test: test-prepare verify fmt vet lint ## The whole suite: checks, unit, envtest
 .PHONY: fuzz
 fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpora run as plain tests in go test ./...).
 	go test $(FUZZFLAGS) -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZ_DECODE) ./internal/assignment/
-	go test $(FUZZFLAGS) -fuzz='^FuzzRequestHead$$' -fuzztime=$(FUZZ_REQUEST_HEAD) ./internal/agent/h1/
-	go test $(FUZZFLAGS) -fuzz='^FuzzResponseHead$$' -fuzztime=$(FUZZ_RESPONSE_HEAD) ./internal/agent/h1/
-	go test $(FUZZFLAGS) -fuzz='^FuzzServerDifferential$$' -fuzztime=$(FUZZ_SERVER_DIFFERENTIAL) ./internal/agent/h1/
+	go test $(FUZZFLAGS) -fuzz='^FuzzRequestHead$$' -fuzztime=$(FUZZ_REQUEST_HEAD) ./internal/h1/
+	go test $(FUZZFLAGS) -fuzz='^FuzzResponseHead$$' -fuzztime=$(FUZZ_RESPONSE_HEAD) ./internal/h1/
+	go test $(FUZZFLAGS) -fuzz='^FuzzServerDifferential$$' -fuzztime=$(FUZZ_SERVER_DIFFERENTIAL) ./internal/h1/
 
 .PHONY: test-e2e
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).

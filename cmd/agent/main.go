@@ -49,11 +49,11 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/control"
 	"github.com/apportion/apportion/internal/agent/enforce"
-	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/agent/proxy"
 	"github.com/apportion/apportion/internal/agent/stall"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/version"
 )
 

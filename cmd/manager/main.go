@@ -27,8 +27,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
-	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/controller"
+	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/inject"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/version"

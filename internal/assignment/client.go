@@ -64,7 +64,7 @@ type Endpoint struct {
 }
 
 // Doer sends one HTTP request and returns the answer, as http.Client.Do: *http.Client, or the
-// manager's lean client h1.HTTPClient (internal/agent/h1), which bounds a request by its
+// manager's lean client h1.HTTPClient (internal/h1), which bounds a request by its
 // context's deadline only.
 type Doer interface {
 	Do(*http.Request) (*http.Response, error)

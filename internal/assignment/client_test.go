@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/h1"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 func TestClient(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/h1"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 // A SigningClient over h1.HTTPClient (which ends a call at its context's deadline itself) gets

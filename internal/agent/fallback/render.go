@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/h1"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 // Header names the agent sets on every fallback answer.

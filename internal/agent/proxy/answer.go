@@ -8,8 +8,8 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
-	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 // Problem codes of the answers the data plane gives itself (fallback answers carry the

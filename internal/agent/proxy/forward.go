@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/apportion/apportion/internal/agent/h1"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 // forwardLean sends the call to a plain http upstream with the engine's client (package h1) and

@@ -102,8 +102,8 @@ import (
 	"github.com/apportion/apportion/internal/agent/deadline"
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
-	"github.com/apportion/apportion/internal/agent/h1"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/h1"
 )
 
 // Options configure a Handler.

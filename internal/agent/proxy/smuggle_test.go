@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/h1/h1test"
+	"github.com/apportion/apportion/internal/h1/h1test"
 )
 
 // TestSmugglingCorpus sends each vector of h1test.Smuggling (see SmuggleVector) through the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/apportion/apportion/internal/agent/h1/h1test"
+	"github.com/apportion/apportion/internal/h1/h1test"
 )
 
 // The differential test of the data plane's server against net/http's: the same bytes on a

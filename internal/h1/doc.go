@@ -1,6 +1,6 @@
-// Package h1 is the agent's HTTP/1.1 engine: a server that serves an http.Handler to the app
-// over its connections (Server), and a client that sends requests to plain http upstreams over
-// pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
+// Package h1 is the project's HTTP/1.1 engine, written for the agent and shared with the
+// manager: a server that serves an http.Handler to the app over its connections (Server), and a
+// client that sends requests to plain http upstreams over pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
 // http.ResponseWriter with http.ResponseController's deadlines, flushing and hijacking,
 // *http.Request, *http.Response) and knows nothing of downstreams, permits, breakers or
 // fallbacks: that policy is package proxy's, served by it. The manager sends its control-API
