@@ -100,7 +100,8 @@ type LaneStats struct {
 	Lendable int // of which other lanes may borrow while idle
 	InFlight int // permits the lane holds
 	Waiting  int // the lane's callers blocked in Acquire
-	// Overflow is what the lane holds beyond its reserve: on the shared pool or borrowed.
+	// Overflow is what the lane holds beyond its reserve: on the shared pool, borrowed, or
+	// beyond the limit after it was lowered.
 	Overflow int
 	// Borrowed bounds what the lane holds of other lanes' reserves: min(Overflow, the
 	// semaphore's Borrowed). Exact when one lane overflows; an upper bound when several do.
@@ -113,9 +114,18 @@ type Stats struct {
 	InFlight int
 	Waiting  int
 	Shared   int // L − Σ reserves
-	// Borrowed is reserve capacity held by lanes that do not own it: max(0, Σ Overflow − Shared).
+	// Borrowed is reserve capacity held by lanes that do not own it: what the lanes hold beyond
+	// their reserves and the shared pool, within the limit. With Iᵢ = max(0, rᵢ − uᵢ) the part
+	// of a reserve its lane does not use, Σ Oᵢ − S = Σ Iᵢ + (Σ uᵢ − L), so Borrowed is
+	// min(max(0, Σ Oᵢ − S), Σ Iᵢ): never more than the reserves there are. After every grant it
+	// is at most Σ cⱼ (Σ uᵢ ≤ L then); only a lowered limit (or reserve) can leave it above that,
+	// until the calls granted before end.
 	Borrowed int
-	Lanes    []LaneStats
+	// OverLimit is what is held beyond the limit, max(0, Σ uᵢ − L): permits granted before the
+	// limit was lowered, which are never revoked and drain as their calls end. It is not counted
+	// in Borrowed: those calls hold no reserve, there is none left for them.
+	OverLimit int
+	Lanes     []LaneStats
 }
 
 // Semaphore is a lane-divided counting semaphore. It must be created with New and is safe for
@@ -267,16 +277,18 @@ func (s *Semaphore) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{Limit: s.limit, Shared: s.limit, Lanes: make([]LaneStats, len(s.lanes))}
-	overflow := 0
+	overflow, unused := 0, 0
 	for i, ln := range s.lanes {
 		st.InFlight += ln.inFlight
 		st.Waiting += ln.waiting
 		st.Shared -= ln.reserve
 		o := max(0, ln.inFlight-ln.reserve)
 		overflow += o
+		unused += max(0, ln.reserve-ln.inFlight)
 		st.Lanes[i] = LaneStats{Reserve: ln.reserve, Lendable: ln.lendable, InFlight: ln.inFlight, Waiting: ln.waiting, Overflow: o}
 	}
-	st.Borrowed = max(0, overflow-st.Shared)
+	st.Borrowed = min(max(0, overflow-st.Shared), unused)
+	st.OverLimit = max(0, st.InFlight-st.Limit)
 	for i := range st.Lanes {
 		st.Lanes[i].Borrowed = min(st.Lanes[i].Overflow, st.Borrowed)
 	}

@@ -126,6 +126,50 @@ func TestBoundsPerLane(t *testing.T) {
 	}
 }
 
+// TestBorrowedAfterLowering: a lowered limit revokes nothing, so borrowers may hold more than
+// the new limit for as long as their calls run. Borrowed counts only what they hold of the
+// reserves there are (never more than the reserves, here core's whole reserve of the lowered
+// limit), OverLimit what they hold beyond the limit; no grant is made until the calls granted
+// before end, and then the cap holds again. (Borrowed was ΣO − S: 8 − 3 = 5 borrowed of a
+// reserve of 3, which an agent whose lease lapsed reported as borrowing above the cap.)
+func TestBorrowedAfterLowering(t *testing.T) {
+	s := coreAndDefault(10) // core reserve 5, lendable 2; shared 5
+	for range 7 {
+		if !s.TryAcquire(1) {
+			t.Fatal("default lane: shared 5 + lendable 2 not granted")
+		}
+	}
+	if st := s.Stats(); st.Borrowed != 2 || st.OverLimit != 0 {
+		t.Fatalf("at limit 10: %+v, want Borrowed 2, OverLimit 0", st)
+	}
+	s.SetLimit(6) // core reserve 3, lendable 1; shared 3
+	st := s.Stats()
+	if st.Borrowed != 3 || st.Lanes[1].Borrowed != 3 || st.OverLimit != 1 || st.Lanes[1].Overflow != 7 {
+		t.Fatalf("at limit 6 with 7 held: %+v, want Borrowed 3 (core's whole reserve), OverLimit 1", st)
+	}
+	if st.Borrowed > st.Lanes[0].Reserve {
+		t.Fatalf("borrowed %d of a reserve of %d", st.Borrowed, st.Lanes[0].Reserve)
+	}
+	if s.TryAcquire(1) || s.TryAcquire(0) {
+		t.Fatal("granted while the held permits exceed the lowered limit")
+	}
+	// The borrowers' calls end until the cap of the limit in force holds: 3 shared + 1 lendable.
+	for range 3 {
+		s.Release(1)
+	}
+	if st := s.Stats(); st.Borrowed != 1 || st.OverLimit != 0 {
+		t.Fatalf("4 held at limit 6: %+v, want Borrowed 1, OverLimit 0", st)
+	}
+	if s.TryAcquire(1) {
+		t.Fatal("default lane borrowed beyond the lendable 1 of the lowered limit")
+	}
+	for range 2 {
+		if !s.TryAcquire(0) {
+			t.Fatal("core did not get the unlent part of its reserve")
+		}
+	}
+}
+
 // enqueue starts n Acquire calls on lane l one at a time (each queued before the next starts) and
 // returns a channel that receives tag+i as each is granted, and channels to release them.
 func enqueue(t *testing.T, s *Semaphore, l, n int, tag string) (granted chan string, hold []chan struct{}) {
