@@ -33,7 +33,9 @@ FUZZ_SERVER_DIFFERENTIAL ?= 30000x
 # Minimizing each new interesting input is bounded by a count too (the default is 60 s of wall
 # clock per input, which is what made FuzzDecode sit at "0/sec" for minutes on a busy machine).
 FUZZ_MINIMIZE ?= 10000x
-FUZZFLAGS = -run='^$$' -fuzzminimizetime=$(FUZZ_MINIMIZE)
+# FUZZ_WORKERS bounds the fuzzing processes of a target (go test -parallel; empty: one per CPU).
+FUZZ_WORKERS ?=
+FUZZFLAGS = -run='^$$' -fuzzminimizetime=$(FUZZ_MINIMIZE) $(if $(FUZZ_WORKERS),-parallel=$(FUZZ_WORKERS))
 
 # The release: VERSION is stamped into both binaries (--version) and the images' annotations;
 # IMG and AGENT_IMG (registry/name:tag) name the images `make images` builds and
@@ -93,9 +95,11 @@ fmt: ## Run gofmt; fails when a file was not formatted.
 # `go list -export`). With -race (GOFLAGS for lint) that is the very compile `go test -race` needs
 # next, so in `make test` the dependency graph is compiled in two configurations -- this one, and
 # the static one of the images (see test) -- instead of three: a cold run saves minutes.
-.PHONY: vet
-vet: ## Run go vet.
+.PHONY: vet vet-main vet-submodules
+vet: vet-main vet-submodules ## Run go vet.
+vet-main:
 	go vet -race ./...
+vet-submodules:
 	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go vet -race ./...); done
 
 .PHONY: lint
@@ -128,9 +132,12 @@ PREPARE_LOG ?= $(LOCALBIN)/test-prepare.log
 # and the agent's integration test then only link, instead of compiling the same dependencies
 # at once in two test processes of a cold run.
 #
-# The packages whose tests take longest, named first so that go test builds and starts them
-# first: the short end-to-end suite (about 6 minutes, mostly waiting on its processes) then runs
-# beside the other packages' compiles and tests instead of alone after them.
+# Then two lanes run at once (make -j2, each lane's output printed whole when it ends):
+# test-go, the main module's tests, with the short end-to-end suite named first (TEST_FIRST) so
+# that go test builds and starts it first -- about 6 minutes, mostly waiting on its processes,
+# beside the other packages' tests -- and test-beside, one step after another on the CPU that
+# suite leaves idle: lint, the submodules' vet and tests, and the bounded fuzzing with one
+# worker per target. On a cold run that takes lint and fuzz off the path the suite waits on.
 TEST_FIRST ?= ./test/e2e/
 
 .PHONY: test-prepare
@@ -140,11 +147,16 @@ test-prepare:
 	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster; } >/dev/null 2>>$(PREPARE_LOG) & }
 
 .PHONY: test
-test: test-prepare verify fmt vet lint ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, bounded fuzz.
+test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz.
 	CGO_ENABLED=0 go build -trimpath ./cmd/...
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-go test-beside
+
+.PHONY: test-go test-beside
+test-go:
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" CHROMIUM="$$(hack/chromium.sh)" go test -race -count=1 $(TEST_FIRST) ./...
+test-beside: lint vet-submodules
 	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
-	$(MAKE) fuzz
+	$(MAKE) --no-print-directory fuzz FUZZ_WORKERS=1
 
 .PHONY: fuzz
 fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpora run as plain tests in go test ./...).
