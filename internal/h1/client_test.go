@@ -16,51 +16,63 @@ import (
 // (Content-Length 2), counts its connections and keeps the heads it read.
 type upstream struct {
 	addr  string
-	conns atomic.Int32
+	conns *atomic.Int32
 	mu    sync.Mutex
 	heads []string
 }
 
-func newUpstream(t *testing.T) *upstream {
+// listenRaw serves every connection accepted on a loopback port with serve (in a goroutine of
+// its own, the connection closed when serve returns) until the test ends; it returns the address
+// and the count of connections accepted.
+func listenRaw(t *testing.T, serve func(net.Conn)) (string, *atomic.Int32) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	u := &upstream{addr: ln.Addr().String()}
+	conns := new(atomic.Int32)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			u.conns.Add(1)
+			conns.Add(1)
 			go func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					var head strings.Builder
-					for {
-						line, err := br.ReadString('\n')
-						if err != nil {
-							return
-						}
-						head.WriteString(line)
-						if line == "\r\n" {
-							break
-						}
-					}
-					u.mu.Lock()
-					u.heads = append(u.heads, head.String())
-					u.mu.Unlock()
-					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
-						return
-					}
-				}
+				serve(c)
 			}()
 		}
 	}()
+	return ln.Addr().String(), conns
+}
+
+func newUpstream(t *testing.T) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.addr, u.conns = listenRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			var head strings.Builder
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				head.WriteString(line)
+				if line == "\r\n" {
+					break
+				}
+			}
+			u.mu.Lock()
+			u.heads = append(u.heads, head.String())
+			u.mu.Unlock()
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
+		}
+	})
 	return u
 }
 
@@ -198,42 +210,26 @@ func TestClientIdleConnectionHoldsNoBuffer(t *testing.T) {
 // alive); either way the next call takes a new connection.
 func TestClientClosesConnectionWithUnaskedBytes(t *testing.T) {
 	pooled := countPooled(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var conns atomic.Int32
-	go func() {
+	addr, conns := listenRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if line == "\r\n" {
+					break
+				}
+			}
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK"); err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					for {
-						line, err := br.ReadString('\n')
-						if err != nil {
-							return
-						}
-						if line == "\r\n" {
-							break
-						}
-					}
-					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK"); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	c := NewClient()
 	t.Cleanup(c.CloseIdleConnections)
-	u := &upstream{addr: ln.Addr().String()}
+	u := &upstream{addr: addr}
 	for range 2 {
 		get(t, c, u, http.Header{}, true)
 	}

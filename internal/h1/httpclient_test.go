@@ -102,36 +102,21 @@ func doFails(hc HTTPClient, req *http.Request) error {
 // with os.ErrDeadlineExceeded at the deadline, and its connection is not pooled. A context
 // already done sends nothing.
 func TestHTTPClientDeadline(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }() // reads, never answers
-		}
-	}()
+	addr, accepted := listenRaw(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }) // reads, never answers
 	c := NewClient()
 	t.Cleanup(c.CloseIdleConnections)
 	hc := HTTPClient{C: c}
 
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
-	req, _ := http.NewRequestWithContext(done, http.MethodPut, "http://"+ln.Addr().String()+"/", strings.NewReader("x"))
+	req, _ := http.NewRequestWithContext(done, http.MethodPut, "http://"+addr+"/", strings.NewReader("x"))
 	if err := doFails(hc, req); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a cancelled context: %v, want context.Canceled", err)
 	}
 
 	ctx, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel2()
-	req, _ = http.NewRequestWithContext(ctx, http.MethodPut, "http://"+ln.Addr().String()+"/", strings.NewReader("x"))
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPut, "http://"+addr+"/", strings.NewReader("x"))
 	start := time.Now()
 	if err := doFails(hc, req); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("no answer: %v, want os.ErrDeadlineExceeded", err)
@@ -142,7 +127,7 @@ func TestHTTPClientDeadline(t *testing.T) {
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("%d connections, want 1: the cancelled context sends nothing", n)
 	}
-	if hp := c.host(ln.Addr().String()); len(hp.idle) != 0 {
+	if hp := c.host(addr); len(hp.idle) != 0 {
 		t.Fatal("the timed-out connection was pooled")
 	}
 }
@@ -169,40 +154,25 @@ func TestHTTPClientRefuses(t *testing.T) {
 // An idle connection the upstream closed (an agent that died) is not reused: the next call
 // goes over a new connection and succeeds; nothing is sent twice.
 func TestHTTPClientSkipsClosedIdleConnection(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var requests, conns atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns.Add(1)
-			go func() { // one exchange per connection, then close without saying so
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				requests.Add(1)
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}()
+	var requests atomic.Int32
+	addr, conns := listenRaw(t, func(c net.Conn) { // one exchange per connection, then close without saying so
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
+		_, _ = io.Copy(io.Discard, req.Body)
+		requests.Add(1)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
 	c := NewClient()
 	t.Cleanup(c.CloseIdleConnections)
 	hc := HTTPClient{C: c}
-	url := "http://" + ln.Addr().String() + "/"
+	url := "http://" + addr + "/"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	call(t, hc, ctx, http.MethodPut, url, strings.NewReader("first"))
 	// Wait until the upstream's close has reached the pooled connection.
-	hp := c.host(ln.Addr().String())
+	hp := c.host(addr)
 	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
 		hp.mu.Lock()
 		closed := len(hp.idle) == 1 && !hp.idle[0].peek.idle()
