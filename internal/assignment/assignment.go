@@ -16,6 +16,7 @@
 package assignment
 
 import (
+	"slices"
 	"time"
 )
 
@@ -240,7 +241,13 @@ type State struct {
 	Downstreams []DownstreamState `json:"downstreams"`
 	// Switches held, sorted by name, with whether each is in force now.
 	Switches []SwitchState `json:"switches,omitempty"`
+	// Capabilities the agent's control API has beyond the first release's, so that a newer
+	// manager uses them only with agents that have them (CapabilityBatchSignatures).
+	Capabilities []string `json:"capabilities,omitempty"`
 }
+
+// Has reports whether the agent advertised capability c.
+func (s *State) Has(c string) bool { return slices.Contains(s.Capabilities, c) }
 
 // DownstreamState is one downstream's enforcement state in the agent.
 type DownstreamState struct {

@@ -27,7 +27,8 @@ import (
 //
 //	Authorization: Apportion-Ed25519 keyid=<id>,ts=<unix ms>,pod=<namespace/name>,instance=<id>,epoch=<n>,sig=<base64url>
 //
-// and sig is the Ed25519 signature, unpadded base64url, of the signature base
+// (and a proof parameter when it was signed in a batch: batchsign.go), and sig is the Ed25519
+// signature, unpadded base64url, of the signature base
 //
 //	"Apportion-Ed25519 v1\n" + method + "\n" + path + "\n" + ts + "\n" + pod + "\n" +
 //	instance + "\n" + epoch + "\n" + hex(sha256(body))
@@ -317,11 +318,9 @@ type Target struct {
 // Sign sets req's Authorization header for body (the exact bytes sent; nil for none), bound to
 // to, with key at time now.
 func Sign(req *http.Request, body []byte, key SigningKey, to Target, now time.Time) {
-	ts := strconv.FormatInt(now.UnixMilli(), 10)
-	epoch := strconv.FormatInt(to.Epoch, 10)
-	sig := ed25519.Sign(key.Private, signatureBase(req.Method, req.URL.EscapedPath(), ts, to.Pod, to.Instance, epoch, body))
-	req.Header.Set("Authorization", AuthScheme+" keyid="+key.ID+",ts="+ts+",pod="+to.Pod+",instance="+to.Instance+
-		",epoch="+epoch+",sig="+base64.RawURLEncoding.EncodeToString(sig))
+	p := newPending(req, body, key, to, now)
+	signBatch([]*pendingSig{p})
+	req.Header.Set("Authorization", p.header())
 }
 
 func signatureBase(method, path, ts, pod, instance, epoch string, body []byte) []byte {
@@ -359,7 +358,7 @@ func Verify(req *http.Request, body []byte, trust TrustSet, self Self, instanceO
 	if h == "" || !strings.EqualFold(scheme, AuthScheme) {
 		return Verified{}, &AuthError{Reason: ReasonMissing}
 	}
-	var keyID, ts, pod, instance, epoch, sigText string
+	var keyID, ts, pod, instance, epoch, sigText, proofText string
 	var seen int
 	for part := range strings.SplitSeq(params, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -380,6 +379,8 @@ func Verify(req *http.Request, body []byte, trust TrustSet, self Self, instanceO
 			epoch, bit = v, 16
 		case "sig":
 			sigText, bit = v, 32
+		case "proof":
+			proofText, bit = v, 64 // optional: a batch signature (batchsign.go)
 		default:
 			return Verified{}, refuse(ReasonMalformed, "unknown authorization parameter %q", truncate(k, 32))
 		}
@@ -388,8 +389,8 @@ func Verify(req *http.Request, body []byte, trust TrustSet, self Self, instanceO
 		}
 		seen |= bit
 	}
-	if seen != 63 {
-		return Verified{}, refuse(ReasonMalformed, "authorization needs keyid, ts, pod, instance, epoch and sig")
+	if seen&63 != 63 {
+		return Verified{}, refuse(ReasonMalformed, "authorization needs keyid, ts, pod, instance, epoch and sig (and may have proof)")
 	}
 	pub, ok := trust.keys[keyID]
 	if !ok {
@@ -408,7 +409,15 @@ func Verify(req *http.Request, body []byte, trust TrustSet, self Self, instanceO
 		return Verified{}, refuse(ReasonMalformed, "malformed signature (key id %q)", keyID)
 	}
 	// The signature first: the reasons below then describe what the manager really signed.
-	if !ed25519.Verify(pub, signatureBase(req.Method, req.URL.EscapedPath(), ts, pod, instance, epoch, body), sig) {
+	msg := signatureBase(req.Method, req.URL.EscapedPath(), ts, pod, instance, epoch, body)
+	if seen&64 != 0 {
+		siblings, sides, err := parseProof(proofText)
+		if err != nil {
+			return Verified{}, refuse(ReasonMalformed, "%s (key id %q)", err.Error(), keyID)
+		}
+		msg = batchMessage(foldProof(leafHash(msg), siblings, sides))
+	}
+	if !ed25519.Verify(pub, msg, sig) {
 		return Verified{}, refuse(ReasonBadSignature, "signature does not verify (key id %q)", keyID)
 	}
 	signed := time.UnixMilli(ms)

@@ -128,28 +128,111 @@ func (c *Client) Push(ctx context.Context, to Endpoint, a *Assignment) (*State, 
 	if err != nil {
 		return nil, err
 	}
-	return c.do(ctx, http.MethodPut, to.URL, PathAssignment, body, Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch})
+	return c.PushEncoded(ctx, to, a, body)
 }
 
 // PushEncoded is Push for an assignment already validated and encoded: body must be
 // json.Marshal(a) of an a that passed Validate. It signs and sends body as it is, so that a
 // sender re-sending the same assignment (a lease renewal) encodes and validates it once.
 func (c *Client) PushEncoded(ctx context.Context, to Endpoint, a *Assignment, body []byte) (*State, error) {
-	return c.do(ctx, http.MethodPut, to.URL, PathAssignment, body, Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch})
+	o, err := NewOutgoing(to, a, body)
+	if err != nil {
+		return nil, err
+	}
+	return c.Send(ctx, o)
+}
+
+// Outgoing is a push made before it is sent, so that it can be signed with others
+// (SignTogether) by the sender that then sends it (Client.Send).
+type Outgoing struct {
+	req    *http.Request
+	ep     Endpoint
+	body   []byte
+	target Target
+}
+
+// NewOutgoing makes the push of a, encoded as body (json.Marshal(a) of an a that passed
+// Validate), to the agent at to, unsigned.
+func NewOutgoing(to Endpoint, a *Assignment, body []byte) (*Outgoing, error) {
+	req, err := newRequest(http.MethodPut, to, PathAssignment, body)
+	if err != nil {
+		return nil, err
+	}
+	return &Outgoing{req: req, ep: to, body: body, target: Target{Pod: to.Pod, Instance: a.Instance, Epoch: a.Epoch}}, nil
+}
+
+// Signed reports whether the push carries a signature.
+func (o *Outgoing) Signed() bool { return o.req.Header.Get("Authorization") != "" }
+
+// KeyID is the id of the key the push was signed with ("" when unsigned).
+func (o *Outgoing) KeyID() string {
+	_, params, _ := strings.Cut(o.req.Header.Get("Authorization"), " ")
+	for part := range strings.SplitSeq(params, ",") {
+		if v, ok := strings.CutPrefix(part, "keyid="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Unsigned is the same push without a signature (to sign it anew, with another key).
+func (o *Outgoing) Unsigned() *Outgoing {
+	req, err := newRequest(o.req.Method, o.ep, PathAssignment, o.body)
+	if err != nil {
+		panic("assignment: remaking a request that was made: " + err.Error()) // the same inputs
+	}
+	return &Outgoing{req: req, ep: o.ep, body: o.body, target: o.target}
+}
+
+// SignTogether signs the pushes with one signature of key at now (one per MaxBatch): in a batch
+// (batchsign.go) when there are several, so each must go to an agent that verifies batch
+// signatures (CapabilityBatchSignatures); a lone one as Sign signs it.
+func SignTogether(outs []*Outgoing, key SigningKey, now time.Time) {
+	for len(outs) > MaxBatch {
+		SignTogether(outs[:MaxBatch], key, now)
+		outs = outs[MaxBatch:]
+	}
+	if len(outs) == 0 {
+		return
+	}
+	batch := make([]*pendingSig, len(outs))
+	for i, o := range outs {
+		batch[i] = newPending(o.req, o.body, key, o.target, now)
+	}
+	signBatch(batch)
+	for i, o := range outs {
+		o.req.Header.Set("Authorization", batch[i].header())
+	}
+}
+
+// Send sends a push made by NewOutgoing: as it is when it was signed (SignTogether), else signed
+// with the Client's key. The answers are Push's.
+// An Outgoing is sent at most once (its body is read).
+func (c *Client) Send(ctx context.Context, o *Outgoing) (*State, error) {
+	if !o.Signed() {
+		Sign(o.req, o.body, c.Key, o.target, c.now())
+	}
+	return c.send(o.req.WithContext(ctx))
 }
 
 // State GETs the agent's State at to, signed for to.Pod and epoch (no instance: it may be the
 // first contact), with the same errors as Push.
 func (c *Client) State(ctx context.Context, to Endpoint, epoch int64) (*State, error) {
-	return c.do(ctx, http.MethodGet, to.URL, PathState, nil, Target{Pod: to.Pod, Epoch: epoch})
+	req, err := newRequest(http.MethodGet, to, PathState, nil)
+	if err != nil {
+		return nil, err
+	}
+	Sign(req, nil, c.Key, Target{Pod: to.Pod, Epoch: epoch}, c.now())
+	return c.send(req.WithContext(ctx))
 }
 
-func (c *Client) do(ctx context.Context, method, baseURL, path string, body []byte, to Target) (*State, error) {
+// newRequest makes an unsigned control request without a context.
+func newRequest(method string, ep Endpoint, path string, body []byte) (*http.Request, error) {
 	var rd io.Reader = http.NoBody
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(baseURL, "/")+path, rd)
+	req, err := http.NewRequest(method, strings.TrimRight(ep.URL, "/")+path, rd)
 	if err != nil {
 		return nil, err
 	}
@@ -157,11 +240,18 @@ func (c *Client) do(ctx context.Context, method, baseURL, path string, body []by
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json, application/problem+json")
-	now := time.Now
+	return req, nil
+}
+
+func (c *Client) now() time.Time {
 	if c.Now != nil {
-		now = c.Now
+		return c.Now()
 	}
-	Sign(req, body, c.Key, to, now())
+	return time.Now()
+}
+
+// send sends a signed request and reads the answer.
+func (c *Client) send(req *http.Request) (*State, error) {
 	var hc Doer = http.DefaultClient
 	if c.HTTP != nil {
 		hc = c.HTTP

@@ -3,10 +3,14 @@ package push
 import (
 	"bytes"
 	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -123,6 +127,10 @@ type testAgent struct {
 	mode    atomic.Int32
 	release chan struct{}
 	calls   atomic.Int64
+	// old makes it an agent of the first release (serveFirstRelease); proofs counts the
+	// requests it got with a batch proof (old or not).
+	old    atomic.Bool
+	proofs atomic.Int64
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
@@ -155,6 +163,13 @@ func newTestAgent(t testing.TB, now func() time.Time, pod string) *testAgent {
 			case <-ta.release:
 			}
 		}
+		if strings.Contains(r.Header.Get("Authorization"), ",proof=") {
+			ta.proofs.Add(1)
+		}
+		if ta.old.Load() {
+			ta.serveFirstRelease(w, r, h)
+			return
+		}
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(func() {
@@ -170,4 +185,31 @@ func (ta *testAgent) unblock() {
 	if _, loaded := releaseOnce.LoadOrStore(ta, true); !loaded {
 		close(ta.release)
 	}
+}
+
+// serveFirstRelease answers as an agent of the first release: its States carry no
+// capabilities, and a request with a batch proof is refused as malformed (it does not know the
+// parameter).
+func (ta *testAgent) serveFirstRelease(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	if strings.Contains(r.Header.Get("Authorization"), ",proof=") {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"title":"Forbidden","status":403,"code":"forbidden","reason":"malformed"}`))
+		return
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	body := rec.Body.Bytes()
+	var doc map[string]any
+	if json.Unmarshal(body, &doc) == nil {
+		delete(doc, "capabilities")
+		if st, ok := doc["state"].(map[string]any); ok {
+			delete(st, "capabilities")
+		}
+		body, _ = json.Marshal(doc)
+	}
+	maps.Copy(w.Header(), rec.Header())
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(body)
 }

@@ -23,6 +23,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	if st.Instance != "" {
 		p.instance = st.Instance
 	}
+	p.batchSig = st.Has(assignment.CapabilityBatchSignatures)
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {

@@ -1,6 +1,7 @@
 package push
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -651,5 +652,36 @@ func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
 	r := h.report("ns", "q")
 	if !r.Converged || h.agent("http://p0").limit("q", h.now) != 6 || h.agent("http://p1").limit("q", h.now) != 6 {
 		t.Fatalf("not converged: %+v", r)
+	}
+}
+
+// docs/protocol.md §4, renewals in steps: over random renewal periods and send times, a renewal
+// is due on the grid, after its push was sent, and no later than RenewEvery after it; renewals
+// due within one step fall on the same instant.
+func TestNextRenewalOnTheGrid(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 5))
+	for range 20000 {
+		every := time.Duration(1 + rng.Int64N(int64(time.Minute)))
+		o := Options{RenewEvery: every}
+		if rng.IntN(2) == 0 {
+			o.jitter = func(d time.Duration) time.Duration { return d }
+		}
+		c := &core{opts: &o}
+		sent := time.Unix(0, rng.Int64N(1<<62))
+		at := c.nextRenewal(sent)
+		step := renewGrid(every)
+		if step <= 0 || step > 100*time.Millisecond || (every >= 16 && step > every/16) {
+			t.Fatalf("every %s: step %s", every, step)
+		}
+		if !at.After(sent) || at.After(sent.Add(every)) || at.Before(sent.Add(every-every/4-step)) {
+			t.Fatalf("every %s, sent %s: due at %s (+%s)", every, sent, at, at.Sub(sent))
+		}
+		if !at.Equal(at.Truncate(step)) {
+			t.Fatalf("every %s: due at %s, off the %s grid", every, at, step)
+		}
+		if later := sent.Add(time.Duration(rng.Int64N(int64(step)))); o.jitter != nil &&
+			sent.Add(every).Truncate(step).Equal(later.Add(every).Truncate(step)) && !c.nextRenewal(later).Equal(at) {
+			t.Fatalf("every %s: pushes sent at %s and %s renew at different instants in one step", every, sent, later)
+		}
 	}
 }

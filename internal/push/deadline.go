@@ -32,11 +32,11 @@ func (c *deadlineOnly) Deadline() (time.Time, bool) {
 	return c.deadline, true
 }
 
-// requestContext returns the context that bounds one request to c by timeout: a deadlineOnly
-// for a DeadlineBounded client that says it bounds by deadline, context.WithTimeout's otherwise.
-func requestContext(ctx context.Context, c AgentClient, timeout time.Duration) (context.Context, context.CancelFunc) {
+// requestContext returns the context that ends one request to c at deadline: a deadlineOnly
+// for a DeadlineBounded client that says it bounds by deadline, context.WithDeadline's otherwise.
+func requestContext(ctx context.Context, c AgentClient, deadline time.Time) (context.Context, context.CancelFunc) {
 	if d, ok := c.(DeadlineBounded); ok && d.BoundsByDeadline() {
-		return &deadlineOnly{Context: ctx, deadline: time.Now().Add(timeout)}, func() {}
+		return &deadlineOnly{Context: ctx, deadline: deadline}, func() {}
 	}
-	return context.WithTimeout(ctx, timeout)
+	return context.WithDeadline(ctx, deadline)
 }

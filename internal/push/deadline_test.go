@@ -20,7 +20,7 @@ func TestRequestContext(t *testing.T) {
 		t.Fatal("SigningClient over h1.HTTPClient does not bound by deadline")
 	}
 	before := time.Now()
-	rctx, done := requestContext(parent, lean, time.Second)
+	rctx, done := requestContext(parent, lean, time.Now().Add(time.Second))
 	defer done()
 	if _, ok := rctx.(*deadlineOnly); !ok {
 		t.Fatalf("request context over h1 is %T, want *deadlineOnly (no timer)", rctx)
@@ -33,7 +33,7 @@ func TestRequestContext(t *testing.T) {
 	}
 	early, cancelEarly := context.WithTimeout(parent, time.Millisecond)
 	defer cancelEarly()
-	ectx, edone := requestContext(early, lean, time.Hour)
+	ectx, edone := requestContext(early, lean, time.Now().Add(time.Hour))
 	defer edone()
 	if d, _ := ectx.Deadline(); d.After(time.Now().Add(time.Second)) {
 		t.Fatalf("deadline %v: the parent's earlier deadline is not kept", d)
@@ -43,7 +43,7 @@ func TestRequestContext(t *testing.T) {
 	if std.BoundsByDeadline() {
 		t.Fatal("SigningClient over net/http claims to bound by deadline")
 	}
-	sctx, sdone := requestContext(parent, std, time.Millisecond)
+	sctx, sdone := requestContext(parent, std, time.Now().Add(time.Millisecond))
 	defer sdone()
 	select {
 	case <-sctx.Done():
@@ -99,7 +99,7 @@ func BenchmarkRequestContext(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				rctx, done := requestContext(parent, tc.c, time.Second)
+				rctx, done := requestContext(parent, tc.c, time.Now().Add(time.Second))
 				if _, ok := rctx.Deadline(); !ok {
 					b.Fatal("no deadline")
 				}

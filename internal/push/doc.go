@@ -25,11 +25,12 @@
 //	replan.go      ledger → planner glue: targets, who may be raised, replan, rebalance done
 //	planner.go     plan: the pure function that decides one quota's grants
 //	content.go     a pod's Assignment built from its quotas' grants, downstreams and switches
-//	schedule.go    which request a pod needs next and when; ready queues, timers, backoff
-//	requests.go    a request's lifecycle: startWork reserves, finishWork applies the outcome
+//	schedule.go    which request a pod needs next and when; ready queues, timers, the renewal grid, backoff
+//	requests.go    a request's lifecycle: startWork reserves, finishWork applies the outcome;
+//	               startRenewals starts the renewals ready together, to be signed in one batch
 //	agentstate.go  reading an agent's State: holdings, restarts (carry), forgotten generations
 //	report.go      Report, change detection for OnChange, Events, SwitchApplied counts
 //	metrics.go     the engine's Prometheus metrics
 //	epoch.go       ConfigMapEpoch, the fencing epoch counter
-//	signing.go, credentials.go  SigningClient and SigningKeys (the manager's Ed25519 keys)
+//	signing.go, credentials.go  SigningClient (batch signatures too) and SigningKeys (the manager's Ed25519 keys)
 package push

@@ -37,6 +37,8 @@ type Engine struct {
 	core       *core
 	stopping   bool
 	waitingFor time.Time // the scheduler's current deadline; zero when it waits without one
+	// signed holds requests started and signed in a batch by one worker, for any worker to send.
+	signed []*work
 
 	kick      chan struct{}
 	fencedCh  chan struct{}
@@ -57,6 +59,11 @@ func New(opts Options) (*Engine, error) {
 	m, err := newMetrics(opts.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("push: registering metrics: %w", err)
+	}
+	if sc, ok := opts.Client.(signCounter); ok && opts.Registry != nil {
+		if err := registerSignStats(opts.Registry, sc); err != nil {
+			return nil, fmt.Errorf("push: registering metrics: %w", err)
+		}
 	}
 	e := &Engine{
 		opts:       opts,
@@ -272,21 +279,26 @@ func (e *Engine) worker(ctx context.Context) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		for !e.stopping && !e.core.hasReady() {
+		for !e.stopping && len(e.signed) == 0 && !e.core.hasReady() {
 			e.cond.Wait()
 		}
 		if e.stopping {
 			return
 		}
-		w := e.core.startWork(e.core.popReady(), e.clock.Now())
-		if w == nil {
+		var w *work
+		if e.takeSigned() {
+			w = e.signed[0]
+			e.signed[0] = nil
+			e.signed = e.signed[1:]
+		} else if w = e.core.startWork(e.core.popReady(), e.clock.Now()); w == nil {
 			continue
+		} else if bs, ok := e.opts.Client.(BatchSigner); ok && batchable(w) {
+			if !e.signTogether(bs, w) {
+				return
+			}
 		}
-		// The pod's identity and the epoch, read under the lock: the signature is bound to them.
-		to := assignment.Endpoint{URL: w.endpoint, Pod: w.pod.namespace + "/" + w.pod.name}
-		epoch := e.core.epoch
 		e.mu.Unlock()
-		st, body, err := e.do(ctx, w, to, epoch)
+		st, body, err := e.do(ctx, w)
 		e.mu.Lock()
 		if e.stopping {
 			return
@@ -297,18 +309,75 @@ func (e *Engine) worker(ctx context.Context) {
 	}
 }
 
+// takeSigned says whether a worker should send the next renewal signed in a batch (e.signed)
+// rather than start the next ready request: yes, unless a request of a higher priority than a
+// renewal (a lowering, a change, a probe) is ready and the signed one can wait, with more than
+// half its PushTimeout left. A change then does not queue behind a batch of renewals, and no
+// renewal waits so long that its own deadline ends it. e.mu is held.
+func (e *Engine) takeSigned() bool {
+	if len(e.signed) == 0 {
+		return false
+	}
+	return !e.core.hasUrgent() || time.Until(e.signed[0].deadline) <= e.opts.PushTimeout/2
+}
+
+// maxSignBatch bounds the renewals one worker starts and signs together.
+const maxSignBatch = 64
+
+// signTogether starts the other renewals ready now that may share w's signature, signs them
+// with w outside the lock (one Ed25519 signature: the costliest step of a renewal), and leaves
+// all but w for the other workers to send. e.mu is held; false when the engine stopped
+// meanwhile.
+func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
+	batch := []*work{w}
+	now := e.clock.Now()
+	batch = append(batch, e.core.startRenewals(maxSignBatch-1, now)...)
+	if len(batch) == 1 {
+		return true
+	}
+	// Every request of the batch ends PushTimeout after it was started, not after a worker
+	// takes it up: a push can land only within the land window of its start (sentAt), which
+	// the ledger relies on (docs/protocol.md §4).
+	deadline := time.Now().Add(e.opts.PushTimeout)
+	for _, b := range batch {
+		b.deadline = deadline
+	}
+	e.mu.Unlock()
+	outs := make([]*assignment.Outgoing, 0, len(batch))
+	for _, b := range batch {
+		if o, err := assignment.NewOutgoing(b.to, b.assignment, b.body); err == nil {
+			b.out = o
+			outs = append(outs, o)
+		} // else the request fails as it would unbatched
+	}
+	bs.SignTogether(outs)
+	e.mu.Lock()
+	if e.stopping {
+		return false
+	}
+	e.signed = append(e.signed, batch[1:]...)
+	e.cond.Broadcast()
+	return true
+}
+
 // do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
 // EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded). The bound is
 // the request context's deadline: with a timer (context.WithTimeout) unless the client ends a
 // request at its deadline by itself (DeadlineBounded, requestContext).
-func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch int64) (*assignment.State, []byte, error) {
-	rctx, cancel := requestContext(ctx, e.opts.Client, e.opts.PushTimeout)
+func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, []byte, error) {
+	deadline := w.deadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(e.opts.PushTimeout)
+	}
+	rctx, cancel := requestContext(ctx, e.opts.Client, deadline)
 	defer cancel()
 	start := time.Now()
 	var st *assignment.State
 	var err error
-	body := w.body
-	if ep, ok := e.opts.Client.(EncodedPusher); ok && w.kind == kindPush {
+	body, to := w.body, w.to
+	if bs, ok := e.opts.Client.(BatchSigner); ok && w.out != nil {
+		st, err = bs.Send(rctx, w.out)
+	} else if ep, ok := e.opts.Client.(EncodedPusher); ok && w.kind == kindPush {
 		if body == nil {
 			if err = w.assignment.Validate(); err != nil {
 				err = fmt.Errorf("refusing to push an invalid assignment: %w", err)
@@ -324,7 +393,7 @@ func (e *Engine) do(ctx context.Context, w *work, to assignment.Endpoint, epoch 
 	} else if w.kind == kindPush {
 		st, err = e.opts.Client.Push(rctx, to, w.assignment)
 	} else {
-		st, err = e.opts.Client.State(rctx, to, epoch)
+		st, err = e.opts.Client.State(rctx, to, w.epoch)
 	}
 	if err == nil && st == nil {
 		err = errors.New("agent client returned no state")

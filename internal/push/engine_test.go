@@ -421,3 +421,46 @@ func TestEngineStartRefusesAnEpochBelowOne(t *testing.T) {
 		}
 	}
 }
+
+// docs/protocol.md §10, batch signatures: the renewals ready at the same moment are signed
+// together, but only those to agents whose last State advertised batch-signatures, so that
+// agents of the first release get every request signed alone (they would refuse a proof).
+func TestEngineBatchSignaturesOnlyWhereAdvertised(t *testing.T) {
+	r := newRig(t, 6, nil, nil, 3, nil)
+	for _, a := range r.agents[3:] {
+		a.old.Store(true)
+	}
+	r.start()
+	r.pastRecovery()
+	r.e.SetQuota(r.quota(2, 2, 2, 2, 2, 2))
+	r.waitFor("convergence", r.converged)
+	// Three rounds of renewals, all due at once.
+	for range 3 {
+		before := make([]int64, len(r.agents))
+		for i, a := range r.agents {
+			before[i] = a.calls.Load()
+		}
+		r.clk.Step(r.e.opts.RenewEvery)
+		r.waitFor("renewals", func() bool {
+			for i, a := range r.agents {
+				if a.calls.Load() == before[i] {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	r.waitFor("convergence", r.converged)
+	for i, a := range r.agents {
+		n := a.proofs.Load()
+		if old := i >= 3; old && n != 0 {
+			t.Errorf("agent %d of the first release got %d requests with a batch proof", i, n)
+		} else if !old && n == 0 {
+			t.Errorf("agent %d: no renewal of three signed in a batch with the others", i)
+		}
+	}
+	c := r.e.opts.Client.(*SigningClient)
+	if signed, sigs := c.SignStats(); sigs >= signed {
+		t.Errorf("signed %d requests with %d signatures", signed, sigs)
+	}
+}

@@ -191,13 +191,16 @@ type podState struct {
 	known      bool // answered at least once
 	configured bool
 	instance   string // the agent process of the last report (assignment.State.Instance)
-	lastEpoch  int64  // the (epoch, generation) of the last report, to notice a restarted agent
-	lastGen    int64
-	reportAt   time.Time // when the last report arrived
-	ackedGen   int64     // this epoch's generation the agent held at its last report; 0 if none
-	okGen      int64     // generation of the last successful PUT (0: content must be pushed)
-	versions   []*version
-	foreign    *foreignHold
+	// batchSig: the last report advertised assignment.CapabilityBatchSignatures (its requests
+	// may be signed in a batch with others).
+	batchSig  bool
+	lastEpoch int64 // the (epoch, generation) of the last report, to notice a restarted agent
+	lastGen   int64
+	reportAt  time.Time // when the last report arrived
+	ackedGen  int64     // this epoch's generation the agent held at its last report; 0 if none
+	okGen     int64     // generation of the last successful PUT (0: content must be pushed)
+	versions  []*version
+	foreign   *foreignHold
 
 	// Requests.
 	busy     *work

@@ -88,6 +88,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// signCounter is a client that counts its signatures (SigningClient).
+type signCounter interface {
+	SignStats() (requests, signatures int64)
+}
+
+// registerSignStats exports a signing client's counts: how many requests each signature covers
+// on average is what batch signing saves (docs/protocol.md §10).
+func registerSignStats(reg prometheus.Registerer, s signCounter) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "apportion_manager_signed_requests_total",
+			Help: "Control requests signed.",
+		}, func() float64 { r, _ := s.SignStats(); return float64(r) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "apportion_manager_signatures_total",
+			Help: "Ed25519 signatures made for control requests: fewer than the requests signed when requests ready together are signed in one batch.",
+		}, func() float64 { _, n := s.SignStats(); return float64(n) }),
+	} {
+		if _, err := register(reg, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // register registers c, or returns the collector already registered under its name (a second
 // Engine on the same registry shares the series).
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {

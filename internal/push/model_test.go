@@ -32,6 +32,8 @@ type modelAgent struct {
 	// calls run on at the downstream but are no longer reported, and one added again starts
 	// from an empty semaphore and zero counters, as in package enforce.
 	inc map[string]int
+	// batch: the agent advertises assignment.CapabilityBatchSignatures (every other one does).
+	batch bool
 }
 
 type modelCall struct {
@@ -42,7 +44,8 @@ type modelCall struct {
 func newModelAgent() *modelAgent {
 	// Every model process has an instance id of its own, as real agents do; tests may clear it
 	// to model agents that do not report one.
-	return &modelAgent{instance: fmt.Sprintf("m%d", modelInstances.Add(1)), inflight: map[string]int32{}, requests: map[string]int64{}, inc: map[string]int{}}
+	n := modelInstances.Add(1)
+	return &modelAgent{instance: fmt.Sprintf("m%d", n), inflight: map[string]int32{}, requests: map[string]int64{}, inc: map[string]int{}, batch: n%2 == 0}
 }
 
 var modelInstances atomic.Int64
@@ -80,6 +83,9 @@ func (m *modelAgent) inFlight(ds string, now time.Time) int32 {
 
 func (m *modelAgent) state(now time.Time) *assignment.State {
 	st := &assignment.State{Instance: m.instance, Epoch: m.epoch, Generation: m.gen, Configured: m.configured, LeaseExpired: m.a != nil && !m.leaseValid(now)}
+	if m.batch {
+		st.Capabilities = []string{assignment.CapabilityBatchSignatures}
+	}
 	if !m.started.IsZero() {
 		st.Uptime = assignment.Duration(max(now.Sub(m.started), time.Millisecond))
 	}

@@ -51,6 +51,15 @@ type EncodedPusher interface {
 	PushEncoded(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment, body []byte) (*assignment.State, error)
 }
 
+// BatchSigner is an EncodedPusher that can sign several pushes with one signature and then send
+// each (*SigningClient). The engine signs the renewals that are ready at the same moment
+// together (docs/protocol.md §10, "Batch signatures"), each to an agent that advertised
+// assignment.CapabilityBatchSignatures.
+type BatchSigner interface {
+	SignTogether(outs []*assignment.Outgoing)
+	Send(ctx context.Context, o *assignment.Outgoing) (*assignment.State, error)
+}
+
 // EpochSource hands out the manager's fencing epoch. Every call must return a value greater
 // than any value it (or any other manager of the cluster) returned before. ConfigMapEpoch is
 // the implementation the manager uses.

@@ -29,7 +29,7 @@ import (
 // every change of the ledger; PROP_POD=p<i> also logs every request to and delivery at that pod.
 func TestLedgerProperty(t *testing.T) {
 	if s, err := strconv.Atoi(os.Getenv("PROP_SEED")); err == nil {
-		runProperty(t, uint64(s))
+		_, _ = runProperty(t, uint64(s))
 		return
 	}
 	seeds := 200
@@ -39,9 +39,17 @@ func TestLedgerProperty(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
 		seeds = n
 	}
+	batched := 0
 	for seed := range seeds {
-		runProperty(t, uint64(seed))
+		_, b := runProperty(t, uint64(seed))
+		batched += b
 	}
+	// The runs must start renewals together as the engine does to sign them in a batch
+	// (core.startRenewals), else they would check nothing of it.
+	if batched == 0 {
+		t.Fatalf("%d runs started no renewal together with another", seeds)
+	}
+	t.Logf("%d renewals started together with another over %d runs", batched, seeds)
 }
 
 // TestQuietRenewalProperty checks the renewal fast path (core.quietRenewal) over the same random
@@ -61,7 +69,8 @@ func TestQuietRenewalProperty(t *testing.T) {
 	}
 	quiet := 0
 	for seed := range seeds {
-		quiet += runProperty(t, uint64(1_000_000+seed))
+		q, _ := runProperty(t, uint64(1_000_000+seed))
+		quiet += q
 	}
 	if quiet == 0 {
 		t.Fatalf("%d runs took no quiet renewal", seeds)
@@ -109,8 +118,9 @@ type pending struct {
 }
 
 // runProperty runs one seed; it returns how many renewals the engine took as quiet (each one
-// checked: see TestQuietRenewalProperty).
-func runProperty(t *testing.T, seed uint64) int {
+// checked: see TestQuietRenewalProperty), and how many it started together with another
+// (core.startRenewals, as Engine.signTogether does).
+func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	h := newHarness(t, func(o *Options) {
 		o.UnreachableAfter = 1 + rng.IntN(3)
@@ -179,7 +189,6 @@ func runProperty(t *testing.T, seed uint64) int {
 		}
 	}
 	h.c.afterPlan = planHook
-	quiet := 0
 	quietHook := func(p *podState, before, after []int32) {
 		quiet++
 		if !slices.Equal(before, after) {
@@ -328,6 +337,11 @@ func runProperty(t *testing.T, seed uint64) int {
 			err = timeout
 		}
 		if p.c == h.c {
+			if w.kind == kindPush && w.body == nil {
+				// The engine encodes a push once per version and agent process, and reuses the
+				// bytes for the renewals (core.encoded): what makes a renewal batchable.
+				p.c.encoded(w, fmt.Appendf(nil, "g%d", w.assignment.Generation))
+			}
 			p.c.finishWork(w, st, err, h.now)
 			p.c.flush(h.now)
 		}
@@ -511,6 +525,14 @@ func runProperty(t *testing.T, seed uint64) int {
 			for h.c.hasReady() {
 				if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
 					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.endpoint].proc})
+					// As the engine does (Engine.signTogether): a batchable renewal starts the
+					// other renewals ready with it, to be signed together.
+					if batchable(w) && rng.IntN(4) != 0 {
+						for _, w2 := range h.c.startRenewals(1+rng.IntN(8), h.now) {
+							batched++
+							inflight = append(inflight, pending{w: w2, c: h.c, dl: w2.sentAt.Add(hPT), proc: agents[w2.endpoint].proc})
+						}
+					}
 				}
 			}
 		case r < 75:
@@ -573,7 +595,7 @@ func runProperty(t *testing.T, seed uint64) int {
 	if !rep.Converged {
 		fail("did not converge once healed: %+v", rep)
 	}
-	return quiet
+	return quiet, batched
 }
 
 const delayed outcome = 100 // lands later, within its acceptance bound; the engine times out

@@ -43,6 +43,13 @@ type work struct {
 	// (core.encoded).
 	body   []byte
 	sentAt time.Time
+	// to and epoch are what the request is addressed to and signed for (read under the
+	// engine's lock); out is the push when it was signed in a batch before it was sent, and
+	// deadline (real time) when it ends: PushTimeout after it was started.
+	to       assignment.Endpoint
+	epoch    int64
+	out      *assignment.Outgoing
+	deadline time.Time
 }
 
 // startWork turns a ready pod into a request. For a push it reserves the version in the
@@ -54,7 +61,8 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		c.schedule(p, now)
 		return nil
 	}
-	w := &work{pod: p, kind: kind, endpoint: p.endpoint, sentAt: now}
+	w := &work{pod: p, kind: kind, endpoint: p.endpoint, sentAt: now, epoch: c.epoch,
+		to: assignment.Endpoint{URL: p.endpoint, Pod: p.namespace + "/" + p.name}}
 	if kind == kindPush {
 		v := p.version(p.content.Generation)
 		if v == nil {
@@ -73,6 +81,48 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 	}
 	p.busy = w
 	return w
+}
+
+// batchable says whether a started request may be signed in a batch with others: a renewal (a
+// push of bytes already sent to this agent process) to an agent that advertised batch
+// signatures and answered the last request. After a failure the next request is signed alone,
+// as every agent verifies it: the agent may have been replaced by one without them.
+func batchable(w *work) bool {
+	return w.kind == kindPush && w.body != nil && w.pod.batchSig && w.pod.failures == 0
+}
+
+// startRenewals starts up to limit of the ready renewals that batchable would allow, in their
+// order, and leaves the other ready requests queued in theirs. Renewals are the lowest priority
+// (priority), so only that queue is searched: the caller started one from it, so nothing of a
+// higher priority was ready.
+func (c *core) startRenewals(limit int, now time.Time) []*work {
+	q := c.ready[len(c.ready)-1]
+	var out []*work
+	rest := q[:0]
+	for _, p := range q {
+		if len(out) < limit && c.renewalReady(p, now) {
+			if w := c.startWork(p, now); w != nil {
+				out = append(out, w)
+			}
+			continue
+		}
+		rest = append(rest, p)
+	}
+	clear(q[len(rest):])
+	c.ready[len(c.ready)-1] = rest
+	return out
+}
+
+// renewalReady says whether a ready pod's request is a renewal batchable would allow.
+func (c *core) renewalReady(p *podState, now time.Time) bool {
+	if !p.batchSig || p.failures > 0 || p.content == nil || p.content.Generation != p.okGen {
+		return false
+	}
+	if v := p.version(p.content.Generation); v == nil || v.body == nil || v.bodyInstance != p.instance {
+		return false
+	}
+	_, kind := c.due(p, now)
+	return kind == kindPush
 }
 
 // landed says whether a failed request may still have been accepted by the agent: only a
@@ -104,7 +154,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	case err == nil && st != nil:
 		if w.kind == kindPush {
 			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-			p.renewAt = w.sentAt.Add(c.renewDelay())
+			p.renewAt = c.nextRenewal(w.sentAt)
 			if st.Epoch == c.epoch && st.Generation == w.version.gen {
 				p.okGen = w.version.gen
 			}
@@ -210,7 +260,7 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 		before = c.quietCounts(p, now)
 	}
 	w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-	p.renewAt = w.sentAt.Add(c.renewDelay())
+	p.renewAt = c.nextRenewal(w.sentAt)
 	p.retryAt = time.Time{}
 	p.reportAt = now
 	p.pollAt = now.Add(c.opts.DrainPoll)

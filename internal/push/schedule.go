@@ -169,6 +169,11 @@ func (c *core) hasReady() bool {
 	return len(c.ready[0])+len(c.ready[1])+len(c.ready[2]) > 0
 }
 
+// hasUrgent says whether a request of a higher priority than a renewal or a poll is ready.
+func (c *core) hasUrgent() bool {
+	return len(c.ready[0])+len(c.ready[1]) > 0
+}
+
 func (c *core) popReady() *podState {
 	for i := range c.ready {
 		if len(c.ready[i]) > 0 {
@@ -189,6 +194,22 @@ func (c *core) renewDelay() time.Duration {
 		return c.opts.RenewEvery // deterministic tests
 	}
 	return c.opts.RenewEvery - rand.N(c.opts.RenewEvery/4+1)
+}
+
+// nextRenewal is when a push sent at sentAt is renewed: renewDelay later, rounded down to the
+// renewal grid (renewGrid, a multiple of it since the zero time), so that the renewals due within
+// one step of the grid go out together. The scheduler then wakes once per step instead of once
+// per pod, and the renewals are ready at the same moment, so that a worker signs them together
+// (Engine.signTogether, docs/protocol.md §10). Rounding down only ever renews
+// earlier, which is always safe, and by less than a step: never before sentAt, as a step is at
+// most a sixteenth of RenewEvery and renewDelay at least three quarters of it.
+func (c *core) nextRenewal(sentAt time.Time) time.Time {
+	return sentAt.Add(c.renewDelay()).Truncate(renewGrid(c.opts.RenewEvery))
+}
+
+// renewGrid is the step of the renewal grid: 100 ms, or a sixteenth of RenewEvery if shorter.
+func renewGrid(renewEvery time.Duration) time.Duration {
+	return max(min(100*time.Millisecond, renewEvery/16), 1)
 }
 
 func (c *core) backoff(failures int) time.Duration {

@@ -24,6 +24,8 @@ type SigningClient struct {
 	Now func() time.Time
 
 	sched atomic.Pointer[Schedule]
+	// requests signed, and the signatures that took (fewer: SignTogether)
+	signed, signatures atomic.Int64
 }
 
 // NewSigningClient returns a SigningClient with schedule s.
@@ -41,6 +43,52 @@ func (c *SigningClient) BoundsByDeadline() bool {
 	return ok && d.BoundsByDeadline()
 }
 
+// SignStats returns how many requests were signed and with how many Ed25519 signatures (fewer
+// when pushes are signed together).
+func (c *SigningClient) SignStats() (requests, signatures int64) {
+	return c.signed.Load(), c.signatures.Load()
+}
+
+// SignTogether implements BatchSigner: it signs the pushes with the schedule's signing key, one
+// signature for up to assignment.MaxBatch of them. Without a signing key it signs nothing (Send
+// then fails as every request does).
+func (c *SigningClient) SignTogether(outs []*assignment.Outgoing) {
+	s := c.sched.Load()
+	if s == nil || s.Signing.Private == nil || len(outs) == 0 {
+		return
+	}
+	now := time.Now
+	if c.Now != nil {
+		now = c.Now
+	}
+	assignment.SignTogether(outs, s.Signing, now())
+	c.signed.Add(int64(len(outs)))
+	c.signatures.Add(int64((len(outs) + assignment.MaxBatch - 1) / assignment.MaxBatch))
+}
+
+// Send implements BatchSigner: it sends a push signed by SignTogether and, when the agent does
+// not know the key (403 unknown-key), the same push signed alone with each other published key,
+// as for every request.
+func (c *SigningClient) Send(ctx context.Context, o *assignment.Outgoing) (*assignment.State, error) {
+	resend := func(cl *assignment.Client) (*assignment.State, error) { return cl.Send(ctx, o.Unsigned()) }
+	if !o.Signed() {
+		return c.try(resend, "")
+	}
+	st, err := (&assignment.Client{HTTP: c.HTTP}).Send(ctx, o)
+	if !unknownKey(err) {
+		return st, err
+	}
+	if st, err2 := c.try(resend, o.KeyID()); err2 != nil || st != nil {
+		return st, err2
+	}
+	return nil, err
+}
+
+func unknownKey(err error) bool {
+	var se *assignment.StatusError
+	return errors.As(err, &se) && se.StatusCode == http.StatusForbidden && se.Problem.Reason == assignment.ReasonUnknownKey
+}
+
 // SetSchedule replaces the keys.
 func (c *SigningClient) SetSchedule(s Schedule) { c.sched.Store(&s) }
 
@@ -54,36 +102,43 @@ func (c *SigningClient) SigningKeyID() string {
 
 // Push implements AgentClient.
 func (c *SigningClient) Push(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment) (*assignment.State, error) {
-	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.Push(ctx, to, a) })
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.Push(ctx, to, a) }, "")
 }
 
 // PushEncoded implements EncodedPusher.
 func (c *SigningClient) PushEncoded(ctx context.Context, to assignment.Endpoint, a *assignment.Assignment, body []byte) (*assignment.State, error) {
-	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.PushEncoded(ctx, to, a, body) })
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.PushEncoded(ctx, to, a, body) }, "")
 }
 
 // State implements AgentClient.
 func (c *SigningClient) State(ctx context.Context, to assignment.Endpoint, epoch int64) (*assignment.State, error) {
-	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.State(ctx, to, epoch) })
+	return c.try(func(cl *assignment.Client) (*assignment.State, error) { return cl.State(ctx, to, epoch) }, "")
 }
 
-func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, error)) (*assignment.State, error) {
+// try makes the call signed with the signing key, then, while the agent answers unknown-key, with
+// each other published key, newest first, skipping the key id skip (one tried already). With no
+// key left to try it returns (nil, nil).
+func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, error), skip string) (*assignment.State, error) {
 	s := c.sched.Load()
 	if s == nil || s.Signing.Private == nil {
 		return nil, errors.New("push: no signing key")
 	}
-	keys := []assignment.SigningKey{s.Signing}
+	var keys []assignment.SigningKey
+	if s.Signing.ID != skip {
+		keys = append(keys, s.Signing)
+	}
 	for i := len(s.Published) - 1; i >= 0; i-- {
-		if s.Published[i].ID != s.Signing.ID {
+		if id := s.Published[i].ID; id != s.Signing.ID && id != skip {
 			keys = append(keys, s.Published[i])
 		}
 	}
 	var err error
 	for _, k := range keys {
 		var st *assignment.State
+		c.signed.Add(1)
+		c.signatures.Add(1)
 		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Now: c.Now})
-		var se *assignment.StatusError
-		if !errors.As(err, &se) || se.StatusCode != http.StatusForbidden || se.Problem.Reason != assignment.ReasonUnknownKey {
+		if !unknownKey(err) {
 			return st, err
 		}
 	}

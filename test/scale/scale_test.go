@@ -132,6 +132,7 @@ type result struct {
 	idleAPI, changeAPI        rate
 	idlePushes, changePushes  float64 // per second
 	idleGets                  float64
+	idleSignedPerSig          float64 // requests signed per Ed25519 signature while idle
 	statusBytes               int
 	statusWritesPerQuotaEvent float64
 	loadIdle, loadChange      string
@@ -187,11 +188,15 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		b.Fatal(err)
 	}
 	extra = append(extra, memArgs...)
+	// The manager's metrics on loopback: signatures per signed request are read from them, and
+	// with SCALE_METRICS (an address) the work queue's figures are logged at the end.
 	metricsAddr := os.Getenv("SCALE_METRICS")
 	if metricsAddr != "" {
-		extra = append(extra, "--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
 		defer func() { logMetrics(b, metricsAddr) }()
+	} else if metricsAddr, err = freeAddr(); err != nil {
+		b.Fatal(err)
 	}
+	extra = append(extra, "--metrics-bind-address="+metricsAddr, "--metrics-secure=false")
 	mgr, err := harness.NewManager(bin, cp, dir, harness.ManagerOptions{
 		LeaseTTL: 10 * time.Second, RenewEvery: 3 * time.Second, PushTimeout: time.Second,
 		NoWebhook: true, ExtraArgs: extra, Env: []string{"KUBECONFIG=" + kc},
@@ -251,10 +256,13 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	// Idle: renewals only. Two renewal periods to settle first.
 	_ = sleep(ctx, 2*3*time.Second+time.Second)
 	idle := envDuration(b, "SCALE_IDLE", 30*time.Second)
-	m0 := measure(pid, proxy, fleet)
+	m0 := measure(pid, proxy, fleet, metricsAddr)
 	_ = sleep(ctx, idle)
-	m1 := measure(pid, proxy, fleet)
+	m1 := measure(pid, proxy, fleet, metricsAddr)
 	r.idleCPU, r.idleAPI, r.idlePushes, r.idleGets = m1.sub(m0)
+	if m1.sigs > m0.sigs {
+		r.idleSignedPerSig = float64(m1.signed-m0.signed) / float64(m1.sigs-m0.sigs)
+	}
 	r.loadIdle = m0.load + "→" + m1.load
 	b.Logf("%s idle %s: manager %.4f CPU-s/s, API %.1f req/s (%.2f writes/s), %.1f pushes/s, %.1f state reads/s, load %s",
 		c, idle, r.idleCPU, r.idleAPI.total, r.idleAPI.writes, r.idlePushes, r.idleGets, r.loadIdle)
@@ -273,7 +281,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		for _, a := range agents {
 			a.expect(want)
 		}
-		m0 := measure(pid, proxy, fleet)
+		m0 := measure(pid, proxy, fleet, metricsAddr)
 		start := time.Now()
 		if err := parallel(ctx, c.quotas, 64, func(q int) error {
 			qa := agents[q*perQuota : (q+1)*perQuota]
@@ -301,7 +309,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		// The window closes 3 s after the last agent: the status writes and Events that follow
 		// the acks belong to the change.
 		_ = sleep(ctx, time.Until(start.Add(conv+3*time.Second)))
-		m1 := measure(pid, proxy, fleet)
+		m1 := measure(pid, proxy, fleet, metricsAddr)
 		var evLat, first, write []time.Duration
 		for _, a := range agents {
 			d, ok := a.latency()
@@ -351,17 +359,48 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 
 // sample is the counters at one moment.
 type sample struct {
-	at         time.Time
-	cpu        time.Duration
-	api        map[string]int64
-	puts, gets int64
-	load       string
+	at           time.Time
+	cpu          time.Duration
+	api          map[string]int64
+	puts, gets   int64
+	signed, sigs int64 // the manager's signed requests and signatures (0 when it does not say)
+	load         string
 }
 
-func measure(pid int, p *apiProxy, f *agentFleet) sample {
+func measure(pid int, p *apiProxy, f *agentFleet, metricsAddr string) sample {
 	cpu, _ := procCPU(pid)
 	puts, gets := f.requests()
-	return sample{at: time.Now(), cpu: cpu, api: p.snapshot(), puts: puts, gets: gets, load: loadAvg()}
+	s := sample{at: time.Now(), cpu: cpu, api: p.snapshot(), puts: puts, gets: gets, load: loadAvg()}
+	s.signed, s.sigs = signCounts(metricsAddr)
+	return s
+}
+
+// signCounts reads apportion_manager_signed_requests_total and apportion_manager_signatures_total
+// from the manager's metrics; zeros when it cannot.
+func signCounts(addr string) (signed, sigs int64) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	for l := range strings.SplitSeq(string(data), "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "apportion_manager_signed_requests_total":
+			signed = int64(f)
+		case "apportion_manager_signatures_total":
+			sigs = int64(f)
+		}
+	}
+	return signed, sigs
 }
 
 func (s1 sample) sub(s0 sample) (cpu float64, api rate, pushes, gets float64) {
@@ -604,13 +643,13 @@ func waitTrust(ctx context.Context, c client.Client, ns string, timeout time.Dur
 // table formats the results and the targets.
 func table(rows []result) string {
 	var s strings.Builder
-	fmt.Fprintf(&s, "\n%-11s %8s %8s %8s %5s %7s %7s %9s %9s %9s %9s %9s %9s %8s %8s %7s %7s %s\n",
-		"pods×quotas", "p50", "p99", "max", "n", "RSS MB", "peak MB", "idle mCPU", "mCPU/pod", "chg mCPU", "idle API", "chg API", "st.w/q/ev", "idle psh", "chg psh", "stat KB", "setup", "load idle | change")
+	fmt.Fprintf(&s, "\n%-11s %8s %8s %8s %5s %7s %7s %9s %9s %9s %9s %9s %9s %8s %7s %8s %7s %7s %s\n",
+		"pods×quotas", "p50", "p99", "max", "n", "RSS MB", "peak MB", "idle mCPU", "mCPU/pod", "chg mCPU", "idle API", "chg API", "st.w/q/ev", "idle psh", "req/sig", "chg psh", "stat KB", "setup", "load idle | change")
 	for _, r := range rows {
-		fmt.Fprintf(&s, "%-11s %8s %8s %8s %5d %7.0f %7.0f %9.1f %9.4f %9.1f %9.2f %9.1f %9.2f %8.1f %8.1f %7.1f %7s %s | %s\n",
+		fmt.Fprintf(&s, "%-11s %8s %8s %8s %5d %7.0f %7.0f %9.1f %9.4f %9.1f %9.2f %9.1f %9.2f %8.1f %7.2f %8.1f %7.1f %7s %s | %s\n",
 			r.cfg, r.p50, r.p99, r.max, r.n, float64(r.rss)/(1<<20), float64(r.hwm)/(1<<20), r.idleCPU*1000,
 			r.idleCPU*1000/float64(r.cfg.pods), r.changeCPU*1000, r.idleAPI.total, r.changeAPI.total,
-			r.statusWritesPerQuotaEvent, r.idlePushes, r.changePushes, float64(r.statusBytes)/1024, r.setup.Round(time.Second), r.loadIdle, r.loadChange)
+			r.statusWritesPerQuotaEvent, r.idlePushes, r.idleSignedPerSig, r.changePushes, float64(r.statusBytes)/1024, r.setup.Round(time.Second), r.loadIdle, r.loadChange)
 	}
 	for _, r := range rows {
 		if r.timeouts > 0 {
@@ -618,7 +657,8 @@ func table(rows []result) string {
 		}
 	}
 	s.WriteString("\nAPI columns are requests/s caused by the manager (watches count once, when opened); st.w/q/ev is\n" +
-		"status writes per quota per event; psh is pushes/s the agents received; stat KB is one quota's status.\n\n")
+		"status writes per quota per event; psh is pushes/s the agents received; req/sig is requests signed per\n" +
+		"Ed25519 signature while idle (batch signatures); stat KB is one quota's status.\n\n")
 	s.WriteString("Manager memory at the end (RSS first, then from its pprof endpoint): heap = HeapInuse, stacks =\n" +
 		"goroutine stacks in use, live = HeapAlloc just after a forced collection (what the collector keeps at best).\n")
 	fmt.Fprintf(&s, "%-11s %7s %7s %7s %7s %8s %9s %9s %s\n", "pods×quotas", "RSS MB", "heap MB", "stk MB", "live MB", "gorout.", "live/pod", "soft lim", "memory limit")
@@ -675,7 +715,7 @@ func logMetrics(b *testing.B, addr string) {
 		queue := strings.Contains(l, `"downstreamquota"`) || strings.Contains(l, `"downstreamquota_status"`)
 		if (queue && (strings.Contains(l, "_sum") || strings.Contains(l, "_count") || strings.HasPrefix(l, "workqueue_retries_total"))) ||
 			strings.HasPrefix(l, "apportion_manager_pushes_total") || strings.HasPrefix(l, "apportion_manager_quiet") ||
-			strings.HasPrefix(l, "apportion_manager_status_") {
+			strings.HasPrefix(l, "apportion_manager_status_") || strings.HasPrefix(l, "apportion_manager_sign") {
 			lines = append(lines, l)
 		}
 	}

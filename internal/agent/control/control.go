@@ -147,7 +147,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if _, ok := h.authenticate(w, r, nil, true); !ok {
 			return
 		}
-		writeJSON(w, http.StatusOK, h.o.Backend.State())
+		writeJSON(w, http.StatusOK, advertise(h.o.Backend.State()))
 	default:
 		h.problem(w, http.StatusNotFound, assignment.Problem{Title: "Not found", Code: assignment.CodeNotFound,
 			Detail: "the control API serves " + assignment.PathAssignment + ", " + assignment.PathState + ", /healthz, /readyz and /metrics"})
@@ -203,7 +203,7 @@ func (h *handler) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	if reason == assignment.ReasonWrongInstance {
 		// The signature verified: this is the manager (or a replay of it) addressing this pod's
 		// previous process. The manager must learn of the restart from the State.
-		st := h.o.Backend.State()
+		st := advertise(h.o.Backend.State())
 		p.State = &st
 	}
 	h.problem(w, http.StatusForbidden, p)
@@ -279,14 +279,24 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 			h.log.Info("stale assignment refused", "remote", r.RemoteAddr,
 				"pushedEpoch", a.Epoch, "pushedGeneration", a.Generation, "heldEpoch", st.Epoch, "heldGeneration", st.Generation)
 			h.problem(w, http.StatusConflict, assignment.Problem{Title: "Stale assignment", Code: assignment.CodeStaleAssignment,
-				Detail: "the agent holds a newer (epoch, generation)", State: &st})
+				Detail: "the agent holds a newer (epoch, generation)", State: new(advertise(st))})
 			return
 		}
 		h.log.Error("applying an assignment failed", "err", err)
 		h.problem(w, http.StatusInternalServerError, assignment.Problem{Title: "Internal error", Detail: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, advertise(st))
+}
+
+// capabilities are what this control API has beyond the first release's (State.Capabilities):
+// it verifies batch signatures (assignment.Verify).
+var capabilities = []string{assignment.CapabilityBatchSignatures}
+
+// advertise adds the control API's capabilities to a State it answers with.
+func advertise(st assignment.State) assignment.State {
+	st.Capabilities = capabilities
+	return st
 }
 
 func (h *handler) problem(w http.ResponseWriter, status int, p assignment.Problem) {
