@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/apportion/apportion/internal/promreg"
 )
 
 // DefaultStatusWriters is how many status writes are in flight at once by default.
@@ -133,10 +135,10 @@ func NewStatusWriter[T any](o StatusWriterOptions[T]) (*StatusWriter[T], error) 
 	}, []string{"kind"})
 	if o.Registry != nil {
 		var err error
-		if w.writes, err = registerCollector(o.Registry, w.writes); err != nil {
+		if w.writes, err = promreg.Register(o.Registry, w.writes); err != nil {
 			return nil, err
 		}
-		if coalesced, err = registerCollector(o.Registry, coalesced); err != nil {
+		if coalesced, err = promreg.Register(o.Registry, coalesced); err != nil {
 			return nil, err
 		}
 	}
@@ -221,19 +223,4 @@ func (w *StatusWriter[T]) next(ctx context.Context) bool {
 	w.mu.Unlock()
 	w.queue.AddRateLimited(key)
 	return true
-}
-
-// registerCollector registers c, or returns the collector already registered under its name (a
-// second writer on the same registry shares the series, told apart by its kind label).
-func registerCollector[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, err
-	}
-	return c, nil
 }

@@ -215,16 +215,17 @@ func TestStatusWriterBoundedConcurrency(t *testing.T) {
 // status; a newer status that came meanwhile is written at once, carrying the failed one.
 func TestStatusWriterRetriesAfterConflict(t *testing.T) {
 	conflict := apierrors.NewConflict(schema.GroupResource{Group: "apportion.io", Resource: "downstreamquotas"}, "a", errors.New("changed"))
+	conflictFirst := func(call int, _ types.NamespacedName, _ []int) (WriteOutcome, error) {
+		if call == 1 {
+			return 0, conflict
+		}
+		return StatusWritten, nil
+	}
 	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
 
 	t.Run("backoff", func(t *testing.T) {
 		f := newFakeWrites(false)
-		f.answer = func(call int, _ types.NamespacedName, _ []int) (WriteOutcome, error) {
-			if call == 1 {
-				return 0, conflict
-			}
-			return StatusWritten, nil
-		}
+		f.answer = conflictFirst
 		w := startWriter(t, f, 2, clk)
 		w.Set(keyA, []int{1})
 		f.next(t)
@@ -260,12 +261,7 @@ func TestStatusWriterRetriesAfterConflict(t *testing.T) {
 
 	t.Run("newer status meanwhile", func(t *testing.T) {
 		f := newFakeWrites(true)
-		f.answer = func(call int, _ types.NamespacedName, _ []int) (WriteOutcome, error) {
-			if call == 1 {
-				return 0, conflict
-			}
-			return StatusWritten, nil
-		}
+		f.answer = conflictFirst
 		w := startWriter(t, f, 2, clk)
 		w.Set(keyA, []int{1})
 		f.next(t)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/apportion/apportion/internal/h1/h1test"
 )
 
 // upstream is a raw HTTP/1.1 upstream on 127.0.0.1: it answers every request head with "ok"
@@ -54,19 +56,12 @@ func newUpstream(t *testing.T) *upstream {
 	u.addr, u.conns = listenRaw(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
-			var head strings.Builder
-			for {
-				line, err := br.ReadString('\n')
-				if err != nil {
-					return
-				}
-				head.WriteString(line)
-				if line == "\r\n" {
-					break
-				}
+			head, err := h1test.ReadHead(br)
+			if err != nil {
+				return
 			}
 			u.mu.Lock()
-			u.heads = append(u.heads, head.String())
+			u.heads = append(u.heads, head)
 			u.mu.Unlock()
 			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
 				return
@@ -213,14 +208,8 @@ func TestClientClosesConnectionWithUnaskedBytes(t *testing.T) {
 	addr, conns := listenRaw(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
-			for {
-				line, err := br.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if line == "\r\n" {
-					break
-				}
+			if _, err := h1test.ReadHead(br); err != nil {
+				return
 			}
 			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokJUNK"); err != nil {
 				return

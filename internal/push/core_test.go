@@ -49,7 +49,7 @@ func TestScaleOutWithHeadroomGrantsNewPodsBeforeLoweringsAreAcked(t *testing.T) 
 	// Lowerings go first, then the probes of the new pods.
 	var kinds []string
 	for _, w := range ws {
-		kinds = append(kinds, w.kind.String()+" "+w.endpoint)
+		kinds = append(kinds, w.kind.String()+" "+w.to.URL)
 	}
 	want := []string{"push http://p0", "push http://p1", "push http://p2", "push http://p3", "push http://p4",
 		"push http://p5", "push http://p6", "push http://p7", "probe http://p8", "probe http://p9"}
@@ -128,7 +128,7 @@ func TestUnacknowledgedRaiseIsCounted(t *testing.T) {
 	d.Pods[0].Permits = 15
 	h.set(d)
 	ws := h.start()
-	if len(ws) != 1 || ws[0].endpoint != "http://p0" {
+	if len(ws) != 1 || ws[0].to.URL != "http://p0" {
 		t.Fatalf("requests %v", ws)
 	}
 	h.finish(ws[0], lost) // it landed, but no answer
@@ -187,7 +187,7 @@ func TestInFlightAboveLoweredLimitIsCountedUntilItDrains(t *testing.T) {
 func (h *harness) lastSend(endpoint string, permits int32) time.Time {
 	var t time.Time
 	for _, w := range h.sent {
-		if w.endpoint == endpoint && w.kind == kindPush && w.assignment.Downstreams[0].Permits == permits {
+		if w.to.URL == endpoint && w.kind == kindPush && w.assignment.Downstreams[0].Permits == permits {
 			t = w.sentAt
 		}
 	}

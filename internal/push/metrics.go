@@ -1,10 +1,10 @@
 package push
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/apportion/apportion/internal/promreg"
 )
 
 // Results of a control request, the result label of apportion_manager_pushes_total.
@@ -64,25 +64,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.pushes, err = register(reg, m.pushes); err != nil {
+	if m.pushes, err = promreg.Register(reg, m.pushes); err != nil {
 		return nil, err
 	}
-	if m.states, err = register(reg, m.states); err != nil {
+	if m.states, err = promreg.Register(reg, m.states); err != nil {
 		return nil, err
 	}
-	if m.duration, err = register(reg, m.duration); err != nil {
+	if m.duration, err = promreg.Register(reg, m.duration); err != nil {
 		return nil, err
 	}
-	if m.ledger, err = register(reg, m.ledger); err != nil {
+	if m.ledger, err = promreg.Register(reg, m.ledger); err != nil {
 		return nil, err
 	}
-	if m.limit, err = register(reg, m.limit); err != nil {
+	if m.limit, err = promreg.Register(reg, m.limit); err != nil {
 		return nil, err
 	}
-	if m.unreachable, err = register(reg, m.unreachable); err != nil {
+	if m.unreachable, err = promreg.Register(reg, m.unreachable); err != nil {
 		return nil, err
 	}
-	if m.quietRenewals, err = register(reg, m.quietRenewals); err != nil {
+	if m.quietRenewals, err = promreg.Register(reg, m.quietRenewals); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -106,26 +106,11 @@ func registerSignStats(reg prometheus.Registerer, s signCounter) error {
 			Help: "Ed25519 signatures made for control requests: fewer than the requests signed when requests ready together are signed in one batch.",
 		}, func() float64 { _, n := s.SignStats(); return float64(n) }),
 	} {
-		if _, err := register(reg, c); err != nil {
+		if _, err := promreg.Register(reg, c); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// register registers c, or returns the collector already registered under its name (a second
-// Engine on the same registry shares the series).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, err
-	}
-	return c, nil
 }
 
 func (m *metrics) request(kind workKind, result string, seconds float64) {

@@ -231,7 +231,7 @@ const (
 // finish completes a request with an outcome against the model agent.
 func (h *harness) finish(w *work, how outcome) {
 	h.outcomes[w] = how
-	m := h.agent(w.endpoint)
+	m := h.agent(w.to.URL)
 	var st *assignment.State
 	var err error
 	switch how {
@@ -266,7 +266,7 @@ func (h *harness) settle() {
 			return
 		}
 		for _, w := range ws {
-			h.finish(w, h.policy[w.endpoint])
+			h.finish(w, h.policy[w.to.URL])
 		}
 	}
 	h.t.Fatalf("did not settle")
@@ -285,7 +285,7 @@ func (h *harness) runFor(d time.Duration) {
 func (h *harness) pushesTo(endpoint string) []int32 {
 	var out []int32
 	for _, w := range h.sent {
-		if w.endpoint != endpoint || w.kind != kindPush {
+		if w.to.URL != endpoint || w.kind != kindPush {
 			continue
 		}
 		for _, d := range w.assignment.Downstreams {
@@ -326,7 +326,7 @@ func (h *harness) checkLedger() {
 func (h *harness) leaseBound(endpoint string, permits int32) time.Time {
 	var end time.Time
 	for _, w := range h.sent {
-		if w.endpoint != endpoint || w.kind != kindPush || w.assignment.Downstreams[0].Permits != permits {
+		if w.to.URL != endpoint || w.kind != kindPush || w.assignment.Downstreams[0].Permits != permits {
 			continue
 		}
 		switch h.outcomes[w] {

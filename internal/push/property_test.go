@@ -300,14 +300,14 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	// complete ends a request the engine made, as it would see it.
 	complete := func(p pending, how outcome) {
 		w := p.w
-		if tracePod != "" && w.endpoint == "http://"+tracePod {
+		if tracePod != "" && w.to.URL == "http://"+tracePod {
 			if w.assignment != nil {
 				t.Logf("  step %d +%s %s e%d g%d permits %d: outcome %d", step, since(), w.kind, w.assignment.Epoch, w.assignment.Generation, permitsOf(w.assignment), how)
 			} else {
 				t.Logf("  step %d +%s %s: outcome %d", step, since(), w.kind, how)
 			}
 		}
-		ag := agents[w.endpoint]
+		ag := agents[w.to.URL]
 		var st *assignment.State
 		var err error
 		timeout := errors.New("context deadline exceeded")
@@ -316,13 +316,13 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			if ag.cur.dead || ag.proc != p.proc {
 				err = errors.New("connection reset")
 			} else if w.kind == kindPush {
-				st, err = deliver(w.endpoint, p.proc, w.assignment)
+				st, err = deliver(w.to.URL, p.proc, w.assignment)
 			} else {
 				st = ag.cur.state(h.now)
 			}
 		case lost:
 			if w.kind == kindPush {
-				_, _ = deliver(w.endpoint, p.proc, w.assignment)
+				_, _ = deliver(w.to.URL, p.proc, w.assignment)
 			}
 			err = timeout
 		case dropped:
@@ -332,7 +332,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		case delayed:
 			if w.kind == kindPush {
 				at := h.now.Add(time.Duration(rng.Int64N(int64(w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
-				landings = append(landings, landing{at: at, endpoint: w.endpoint, proc: p.proc, a: w.assignment})
+				landings = append(landings, landing{at: at, endpoint: w.to.URL, proc: p.proc, a: w.assignment})
 			}
 			err = timeout
 		}
@@ -390,7 +390,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			keep := inflight[:0]
 			for _, p := range inflight {
 				if !h.now.Before(p.dl) {
-					complete(p, randomOutcome(p.w.endpoint, true))
+					complete(p, randomOutcome(p.w.to.URL, true))
 				} else {
 					keep = append(keep, p)
 				}
@@ -509,7 +509,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			for _, p := range inflight {
 				if p.w.kind == kindPush && rng.IntN(2) == 0 {
 					at := h.now.Add(time.Duration(rng.Int64N(int64(p.w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
-					landings = append(landings, landing{at: at, endpoint: p.w.endpoint, proc: p.proc, a: p.w.assignment})
+					landings = append(landings, landing{at: at, endpoint: p.w.to.URL, proc: p.proc, a: p.w.assignment})
 				}
 			}
 			inflight = nil
@@ -524,13 +524,13 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			lastMsg = "start requests"
 			for h.c.hasReady() {
 				if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
-					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.endpoint].proc})
+					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 					// As the engine does (Engine.signTogether): a batchable renewal starts the
 					// other renewals ready with it, to be signed together.
 					if batchable(w) && rng.IntN(4) != 0 {
 						for _, w2 := range h.c.startRenewals(1+rng.IntN(8), h.now) {
 							batched++
-							inflight = append(inflight, pending{w: w2, c: h.c, dl: w2.sentAt.Add(hPT), proc: agents[w2.endpoint].proc})
+							inflight = append(inflight, pending{w: w2, c: h.c, dl: w2.sentAt.Add(hPT), proc: agents[w2.to.URL].proc})
 						}
 					}
 				}
@@ -540,7 +540,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			rng.Shuffle(len(inflight), func(i, j int) { inflight[i], inflight[j] = inflight[j], inflight[i] })
 			n := rng.IntN(len(inflight) + 1)
 			for _, p := range inflight[:n] {
-				complete(p, randomOutcome(p.w.endpoint, false))
+				complete(p, randomOutcome(p.w.to.URL, false))
 			}
 			inflight = append(inflight[:0], inflight[n:]...)
 		case r < 88:
@@ -569,7 +569,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		tick(100 * time.Millisecond)
 		for h.c.hasReady() {
 			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
-				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.endpoint].proc})
+				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 			}
 		}
 		for _, p := range inflight {
@@ -587,7 +587,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		tick(100 * time.Millisecond)
 		for h.c.hasReady() {
 			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
-				complete(pending{w: w, c: h.c, proc: agents[w.endpoint].proc}, ok)
+				complete(pending{w: w, c: h.c, proc: agents[w.to.URL].proc}, ok)
 			}
 		}
 	}

@@ -35,7 +35,6 @@ func (k workKind) String() string {
 type work struct {
 	pod        *podState
 	kind       workKind
-	endpoint   string
 	assignment *assignment.Assignment // kindPush: the snapshot sent
 	version    *version               // kindPush
 	// body is assignment's JSON when the version already has it for the assignment's instance
@@ -43,9 +42,9 @@ type work struct {
 	// (core.encoded).
 	body   []byte
 	sentAt time.Time
-	// to and epoch are what the request is addressed to and signed for (read under the
-	// engine's lock); out is the push when it was signed in a batch before it was sent, and
-	// deadline (real time) when it ends: PushTimeout after it was started.
+	// to (the pod's endpoint then) and epoch are what the request is addressed to and signed
+	// for (read under the engine's lock); out is the push when it was signed in a batch before
+	// it was sent, and deadline (real time) when it ends: PushTimeout after it was started.
 	to       assignment.Endpoint
 	epoch    int64
 	out      *assignment.Outgoing
@@ -61,7 +60,7 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		c.schedule(p, now)
 		return nil
 	}
-	w := &work{pod: p, kind: kind, endpoint: p.endpoint, sentAt: now, epoch: c.epoch,
+	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch,
 		to: assignment.Endpoint{URL: p.endpoint, Pod: p.namespace + "/" + p.name}}
 	if kind == kindPush {
 		v := p.version(p.content.Generation)
@@ -83,12 +82,18 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 	return w
 }
 
-// batchable says whether a started request may be signed in a batch with others: a renewal (a
-// push of bytes already sent to this agent process) to an agent that advertised batch
-// signatures and answered the last request. After a failure the next request is signed alone,
-// as every agent verifies it: the agent may have been replaced by one without them.
+// batchable says whether a started request may be signed in a batch with others: a renewal
+// (renewing) that re-sends bytes already sent to this agent process.
 func batchable(w *work) bool {
-	return w.kind == kindPush && w.body != nil && w.pod.batchSig && w.pod.failures == 0
+	return w.kind == kindPush && w.body != nil && renewing(w.pod)
+}
+
+// renewing says whether the pod's next push is a renewal that may be signed in a batch: its
+// content is acknowledged, its agent advertised batch signatures and answered the last request.
+// After a failure the next request is signed alone, as every agent verifies it: the agent may
+// have been replaced by one without them.
+func renewing(p *podState) bool {
+	return p.batchSig && p.failures == 0 && p.content != nil && p.content.Generation == p.okGen
 }
 
 // startRenewals starts up to limit of the ready renewals that batchable would allow, in their
@@ -113,9 +118,9 @@ func (c *core) startRenewals(limit int, now time.Time) []*work {
 	return out
 }
 
-// renewalReady says whether a ready pod's request is a renewal batchable would allow.
+// renewalReady says whether a ready pod's request would be batchable once started.
 func (c *core) renewalReady(p *podState, now time.Time) bool {
-	if !p.batchSig || p.failures > 0 || p.content == nil || p.content.Generation != p.okGen {
+	if !renewing(p) {
 		return false
 	}
 	if v := p.version(p.content.Generation); v == nil || v.body == nil || v.bodyInstance != p.instance {
@@ -178,7 +183,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		if p.failures == c.opts.UnreachableAfter {
 			lvl = 0
 		}
-		c.log.V(lvl).Info("agent request failed", "pod", p.namespace+"/"+p.name, "endpoint", w.endpoint,
+		c.log.V(lvl).Info("agent request failed", "pod", p.namespace+"/"+p.name, "endpoint", w.to.URL,
 			"request", w.kind.String(), "failures", p.failures, "error", err.Error())
 		if len(p.entries) == 0 && c.unreachable(p) {
 			c.removePod(p)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/h1/h1test"
 )
 
 // TestSuiteUnderNetHTTP runs the data plane's tests with net/http's server in front of the
@@ -238,18 +239,11 @@ func TestLeanFraming(t *testing.T) {
 func TestLeanHopByHopHeaders(t *testing.T) {
 	heads := make(chan string, 1)
 	up := newRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
-		var head strings.Builder
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			head.WriteString(line)
-			if line == "\r\n" {
-				break
-			}
+		head, err := h1test.ReadHead(br)
+		if err != nil {
+			return
 		}
-		heads <- head.String()
+		heads <- head
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: X-Resp-Hop\r\nX-Resp-Hop: 1\r\nKeep-Alive: timeout=5\r\n"+
 			"Proxy-Connection: keep-alive\r\nX-Up: 1\r\nContent-Length: 2\r\n\r\nok")
 	})

@@ -1,6 +1,7 @@
 // Package h1test holds corpora of HTTP/1.1 messages shared by the tests of the agent's HTTP
 // engine (package h1: its server held to net/http's on each message) and of its data plane
-// (package proxy: what reaches the upstream). It is imported by tests only.
+// (package proxy: what reaches the upstream), and what their raw upstreams share (ReadHead).
+// It is imported by tests only.
 package h1test
 
 import "strings"
