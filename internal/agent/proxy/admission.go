@@ -60,175 +60,241 @@ func (a admission) releaseLane() {
 	}
 }
 
-// admit runs a call to ds, whose configuration is cfg, through the admission pipeline, steps 2 to 6 of the package doc, in
-// this order: a degrade switch of t that matches req refuses (reason degraded, its action,
-// Retry-After the time until the switch expires when that is within maxDegradeRetryAfter); an
-// open breaker refuses (circuit-open, Retry-After the time left until it admits probes) before a
-// rate token or a permit is taken; no rate token within the wait allowed refuses (rate-limited,
-// Retry-After when the limiter's next token accrues); no permit within what is left of the wait
-// allowed, or at once when the effective limit is 0, refuses (no-permit), and a call that would
-// wait while MaxWaiting calls already wait is refused at once (queue-full); then a closed or
-// half-open breaker is asked for the call's ticket, with the permit held, and a half-open one
-// whose probe slots are all taken refuses (circuit-open, no Retry-After) after the permit was
-// released. The wait allowed is AcquireTimeout, or what is left of the app's budget when that is
-// less: a call never waits for a token or a permit beyond the deadline its app stated. A probe ticket taken early (the breaker turned
-// half-open between the two looks) is given back, unused and uncounted, when the call is
-// refused or the app leaves later on.
+// admit runs a call to ds, whose configuration is cfg, through the admission chain, steps 2 to 6
+// of the package doc. Each step is a method of admitting, the call's state, and either passes the
+// call on to the next (true) or ends its admission (false) with admitting.out set, explicitly, by
+// refuse or leave; the first that ends it ends the chain. In this order:
 //
-// Time is clk's: the waits for a token or a permit are timed on it, and so is the time
-// admitting took. Waiting ends early when ctx ends (the app left: appLeft). Every call is
-// counted (requests, and rejections by reason) and the time it took to admit is observed
-// (acquire wait); a call admitted more than 2×AcquireTimeout+stallSlack after it arrived is
-// stalled, its permit released and its ticket cancelled.
+//	degrade → openBreaker → rate → lanePermit → permit → ticket → admitted
+//
+// (degrade switches, an open breaker, a rate token, the lane's permit, the downstream's permit,
+// a closed or half-open breaker's ticket; each step's doc says what it refuses with). The wait
+// allowed for a token and a permit together is AcquireTimeout, or what is left of the app's budget
+// when that is less: a call never waits for either beyond the deadline its app stated.
+//
+// Whatever way a call leaves the chain other than admitted, it holds nothing: what the steps
+// before took (a probe ticket, the lane's permit, the downstream's) is given back (giveBack).
+// Time is clk's: the waits for a token or a permit are timed on it, and so is the time admitting
+// took. Waiting ends early when ctx ends (the app left: appLeft). Every call is counted (requests,
+// and rejections by reason, per lane too) and the time admitting took is observed (acquire wait)
+// for every call that got through the chain, stalled ones included.
 func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView, budget deadline.Budget) admission {
 	now := clk.Now()
-	start := now
 	ds.CountRequest(now)
-	// The wait allowed for a token and a permit together.
-	maxWait := max(budget.Left(start, cfg.AcquireTimeout), 0)
-	// The call's priority lane, when the downstream has lanes: refusals are counted per lane too,
-	// and 5 takes the lane's permit before the downstream's.
-	ls, lane := ds.Lanes(), -1
-	if ls != nil {
-		lane = ls.Match(req.Method, req.Path, req.Header)
+	// Set field by field: a composite literal this large is built aside and copied, which
+	// BenchmarkAdmit shows on the hot path.
+	var a admitting
+	a.ctx, a.clk, a.ds, a.cfg, a.start = ctx, clk, ds, cfg, now
+	a.maxWait, a.lane = max(budget.Left(now, cfg.AcquireTimeout), 0), -1
+	// The call's lane is known before any step: every step's refusals are counted per lane too.
+	if a.lanes = ds.Lanes(); a.lanes != nil {
+		a.lane = a.lanes.Match(req.Method, req.Path, req.Header)
 	}
-	countLane := func(reason int) {
-		if ls != nil {
-			ls.CountRejected(lane, reason)
-		}
+	if a.degrade(t.Switches, req) && a.openBreaker() && a.rate() && a.lanePermit() && a.permit() && a.ticket() {
+		a.admitted()
 	}
+	return a.out
+}
 
-	// 2. Degrade switches (1, unknown downstream, is the caller's).
-	if len(t.Switches) > 0 {
-		if sw := degrade.Select(t.Switches, ds.Name, req, now); sw != nil {
-			ds.CountRejected(metrics.ReasonDegraded)
-			countLane(metrics.ReasonDegraded)
-			var retry time.Duration
-			if left := sw.ExpiresAt.Sub(now); left <= maxDegradeRetryAfter {
-				retry = left
-			}
-			return admission{verdict: refused, reason: fallback.Degraded, action: &sw.Action, retryAfter: retry, at: now}
-		}
+// admitting is one call's state in the admission chain: what its steps read (set by admit before
+// the first) and what they have taken so far (held), which giveBack returns.
+type admitting struct {
+	ctx     context.Context // the app's: when it ends, every wait ends (appLeft)
+	clk     clock.WithDelayedExecution
+	ds      *enforce.Downstream
+	cfg     *enforce.Config
+	start   time.Time     // when the call arrived: the time of the steps before any wait
+	maxWait time.Duration // the wait allowed for a rate token and a permit together
+	lanes   *enforce.LaneSet
+	lane    int              // the call's lane; -1 when lanes is nil (the downstream has none)
+	br      *breaker.Breaker // the downstream's breaker as openBreaker found it; nil: none
+	tk      breaker.Ticket   // the breaker's ticket, once held.ticket
+	held    struct{ ticket, lane, permit bool }
+	out     admission // the outcome: set by refuse or leave, or by admitted at the chain's end
+}
+
+// degrade: a degrade switch of switches that matches req refuses (reason degraded) with the
+// switch's action, not the downstream's fallback, and Retry-After the time until the switch
+// expires when that is within maxDegradeRetryAfter. (Step 1, unknown downstream, is the caller's.)
+func (a *admitting) degrade(switches []degrade.Switch, req degrade.RequestView) bool {
+	if len(switches) == 0 {
+		return true
 	}
-	refuse := func(reason fallback.Reason, metric int, retryAfter time.Duration, at time.Time) admission {
-		ds.CountRejected(metric)
-		countLane(metric)
-		return admission{verdict: refused, reason: reason, action: &cfg.Fallback, retryAfter: retryAfter, at: at}
+	sw := degrade.Select(switches, a.ds.Name, req, a.start)
+	if sw == nil {
+		return true
 	}
-	// 3. Circuit breaker: an open one refuses here, before a token or a permit is taken. A
-	// closed or half-open one is asked for the call's ticket once the permit is held (6),
-	// because a ticket cannot be handed back unused: a half-open probe slot must go to a call
-	// that is really forwarded.
-	br := ds.Breaker()
-	var tk breaker.Ticket
-	haveTicket := false
-	if br != nil && br.State(now) == breaker.Open {
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
-		}
-		haveTicket = true // it became half-open in between: this call is a probe
+	var retry time.Duration
+	if left := sw.ExpiresAt.Sub(a.start); left <= maxDegradeRetryAfter {
+		retry = left
 	}
-	// giveBack returns a probe ticket taken above for a call that is not forwarded after all:
-	// the probe slot is freed and nothing is counted, so the breaker neither closes on a probe
-	// that never reached the downstream nor reopens because of our own rate or permit limits.
-	giveBack := func() {
-		if haveTicket {
-			tk.Cancel()
-		}
+	a.refuse(fallback.Degraded, metrics.ReasonDegraded, retry, a.start)
+	a.out.action = &sw.Action
+	return false
+}
+
+// openBreaker: an open breaker refuses (circuit-open, Retry-After the time left until it admits
+// probes) before a rate token or a permit is taken. A closed or half-open one is asked for the
+// call's ticket only once the permit is held (ticket), because a ticket cannot be handed back
+// unused: a half-open probe slot must go to a call that is really forwarded. One that turned
+// half-open between the two looks gives this call a probe ticket here, which giveBack cancels,
+// unused and uncounted, if the call is not forwarded after all: the breaker then neither closes on
+// a probe that never reached the downstream nor reopens because of our own rate or permit limits.
+func (a *admitting) openBreaker() bool {
+	a.br = a.ds.Breaker()
+	if a.br == nil || a.br.State(a.start) != breaker.Open {
+		return true
 	}
-	// 4. Rate.
-	if lim := ds.Limiter(); lim != nil {
-		wait, ok := lim.Reserve(now, maxWait)
-		if !ok {
-			giveBack()
-			// wait is when the limiter's next token accrues: the earliest a retry can pass it.
-			return refuse(fallback.RateLimited, metrics.ReasonRateLimited, wait, now)
-		}
-		if wait > 0 && !sleep(ctx, clk, wait) {
-			giveBack()
-			return admission{verdict: appLeft}
-		}
+	tk, retry, ok := a.br.Allow(a.start)
+	if !ok {
+		return a.refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, a.start)
 	}
-	// 5. Permit (the lane's first, when the downstream has lanes), then 6, the ticket of a
-	// closed or half-open breaker. The recovery limit (a ramp, an adaptive limit) changes when a
-	// window ends: put it in force first.
-	ds.Tick()
-	// held is the lane permit taken (none yet); its releaseLane gives it back on every way out.
-	var held admission
-	if ls != nil {
-		if !ls.Sem.TryAcquire(lane) {
-			remaining := maxWait - clk.Since(start)
-			if ds.Effective() == 0 || remaining <= 0 {
-				giveBack()
-				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
-			}
-			wctx, cancel := context.WithCancel(ctx)
-			timer := clk.AfterFunc(remaining, cancel)
-			err := ls.Sem.Acquire(wctx, lane)
-			timer.Stop()
-			cancel()
-			if err != nil {
-				giveBack()
-				if ctx.Err() != nil {
-					return admission{verdict: appLeft}
-				}
-				return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
-			}
-		}
-		held.lanes, held.lane = ls, lane
+	a.tk, a.held.ticket = tk, true // it became half-open in between: this call is a probe
+	return true
+}
+
+// rate: no rate token within the wait allowed refuses (rate-limited, Retry-After when the
+// limiter's next token accrues: the earliest a retry can pass it); a token within it is waited
+// for on the clock.
+func (a *admitting) rate() bool {
+	lim := a.ds.Limiter()
+	if lim == nil {
+		return true
 	}
-	if !ds.Sem.TryAcquire() {
-		remaining := maxWait - clk.Since(start)
-		if ds.Effective() == 0 || remaining <= 0 {
-			giveBack()
-			held.releaseLane()
-			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		timer := clk.AfterFunc(remaining, cancel)
-		err := ds.Sem.Acquire(wctx)
-		timer.Stop()
-		cancel()
-		if err != nil {
-			giveBack()
-			held.releaseLane()
-			switch {
-			case errors.Is(err, semaphore.ErrQueueFull):
-				return refuse(fallback.QueueFull, metrics.ReasonQueueFull, 0, clk.Now())
-			case ctx.Err() != nil:
-				return admission{verdict: appLeft}
-			}
-			return refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, clk.Now())
-		}
+	wait, ok := lim.Reserve(a.start, a.maxWait)
+	if !ok {
+		return a.refuse(fallback.RateLimited, metrics.ReasonRateLimited, wait, a.start)
 	}
-	if br != nil && !haveTicket {
-		now := clk.Now()
-		var retry time.Duration
-		var ok bool
-		if tk, retry, ok = br.Allow(now); !ok {
-			ds.Sem.Release()
-			held.releaseLane()
-			return refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
-		}
+	if wait > 0 && !sleep(a.ctx, a.clk, wait) {
+		return a.leave(appLeft)
 	}
-	waited := clk.Since(start)
-	ds.Metrics.AcquireWait.Observe(waited.Seconds())
-	// Admission takes at most the acquire timeout (plus a rate wait within it). Far longer means
-	// this process was frozen or starved between admitting the call and forwarding it: its lease
-	// may have passed meanwhile and the manager may have handed the permit to another pod, so the
-	// call is not sent late. The permit is returned unused.
-	if waited > 2*cfg.AcquireTimeout+stallSlack {
-		ds.Sem.Release()
-		held.releaseLane()
-		if haveTicket || br != nil {
-			tk.Cancel()
-		}
-		return admission{verdict: stalled}
+	return true
+}
+
+// lanePermit puts the recovery limit (a ramp, an adaptive limit: it changes when a window ends)
+// in force on both semaphores first; then, on a downstream with lanes, it takes the call's lane
+// permit, before the downstream's: none within what is left of the wait allowed, or at once when
+// the effective limit is 0, refuses (no-permit; see wait).
+func (a *admitting) lanePermit() bool {
+	a.ds.Tick()
+	if a.lanes == nil {
+		return true
 	}
-	held.verdict, held.ticket = admitted, tk
-	return held
+	sem, lane := a.lanes.Sem, a.lane
+	if !sem.TryAcquire(lane) && !a.wait(func(ctx context.Context) error { return sem.Acquire(ctx, lane) }) {
+		return false
+	}
+	a.held.lane = true
+	return true
+}
+
+// permit takes the downstream's permit: no permit within what is left of the wait allowed, or
+// at once when the effective limit is 0, refuses (no-permit), and one that would wait while
+// MaxWaiting calls already wait refuses at once (queue-full); see wait.
+func (a *admitting) permit() bool {
+	if !a.ds.Sem.TryAcquire() && !a.wait(a.ds.Sem.Acquire) {
+		return false
+	}
+	a.held.permit = true
+	return true
+}
+
+// wait is the lane's and the downstream's wait for a permit that was not free at once: acquire
+// (the semaphore's Acquire) for what is left of the wait allowed, timed on the clock. It refuses
+// (no-permit) at once when the effective limit is 0 or nothing is left of the wait, and when the
+// wait ends without a permit; queue-full when acquire says so (semaphore.ErrQueueFull: the lanes
+// never do); appLeft when the app left meanwhile. True: the permit is held.
+func (a *admitting) wait(acquire func(context.Context) error) bool {
+	remaining := a.maxWait - a.clk.Since(a.start)
+	if a.ds.Effective() == 0 || remaining <= 0 {
+		return a.refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, a.clk.Now())
+	}
+	wctx, cancel := context.WithCancel(a.ctx)
+	timer := a.clk.AfterFunc(remaining, cancel)
+	err := acquire(wctx)
+	timer.Stop()
+	cancel()
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, semaphore.ErrQueueFull):
+		return a.refuse(fallback.QueueFull, metrics.ReasonQueueFull, 0, a.clk.Now())
+	case a.ctx.Err() != nil:
+		return a.leave(appLeft)
+	}
+	return a.refuse(fallback.NoPermit, metrics.ReasonNoPermit, 0, a.clk.Now())
+}
+
+// ticket asks a closed or half-open breaker for the call's ticket, with the permit held (see
+// openBreaker); a half-open one whose probe slots are all taken refuses (circuit-open, no
+// Retry-After) and the permits are given back.
+func (a *admitting) ticket() bool {
+	if a.br == nil || a.held.ticket {
+		return true
+	}
+	now := a.clk.Now()
+	tk, retry, ok := a.br.Allow(now)
+	if !ok {
+		return a.refuse(fallback.CircuitOpen, metrics.ReasonCircuitOpen, retry, now)
+	}
+	a.tk, a.held.ticket = tk, true
+	return true
+}
+
+// admitted ends the chain of a call that passed every step: the time admitting took is observed,
+// and the call is admitted (out), holding what it took, unless it stalled. Admission takes at most the
+// acquire timeout (plus a rate wait within it). Far longer (2×AcquireTimeout+stallSlack) means
+// this process was frozen or starved between the call's arrival and now: its lease may have
+// passed meanwhile and the manager may have handed the permit to another pod, so the call is not
+// sent late (stalled) and what it took is given back unused.
+func (a *admitting) admitted() {
+	waited := a.clk.Since(a.start)
+	a.ds.Metrics.AcquireWait.Observe(waited.Seconds())
+	if waited > 2*a.cfg.AcquireTimeout+stallSlack {
+		a.leave(stalled)
+		return
+	}
+	a.out.verdict, a.out.ticket = admitted, a.tk
+	if a.held.lane {
+		a.out.lanes, a.out.lane = a.lanes, a.lane
+	}
+}
+
+// refuse ends the chain with a refusal for reason (counted under metric, for the downstream and
+// the call's lane) answered by the downstream's fallback, after giving back what the call holds.
+// It returns false, the step's verdict.
+func (a *admitting) refuse(reason fallback.Reason, metric int, retryAfter time.Duration, at time.Time) bool {
+	a.giveBack()
+	a.ds.CountRejected(metric)
+	if a.lanes != nil {
+		a.lanes.CountRejected(a.lane, metric)
+	}
+	a.out = admission{verdict: refused, reason: reason, action: &a.cfg.Fallback, retryAfter: retryAfter, at: at}
+	return false
+}
+
+// leave ends the chain with v (appLeft or stalled: nobody is answered by admission), after giving
+// back what the call holds. It returns false, the step's verdict.
+func (a *admitting) leave(v verdict) bool {
+	a.giveBack()
+	a.out = admission{verdict: v}
+	return false
+}
+
+// giveBack returns what the call holds: the downstream's permit first, then the lane's (the lanes
+// never grant beyond what the downstream semaphore admits, see enforce.LaneSet), then the
+// breaker's ticket is cancelled, unused and uncounted.
+func (a *admitting) giveBack() {
+	if a.held.permit {
+		a.ds.Sem.Release()
+	}
+	if a.held.lane {
+		a.lanes.Sem.Release(a.lane)
+	}
+	if a.held.ticket {
+		a.tk.Cancel()
+	}
+	a.held.permit, a.held.lane, a.held.ticket = false, false, false
 }
 
 // requestView is what degrade switches look at in r.

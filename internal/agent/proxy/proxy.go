@@ -56,7 +56,9 @@
 //     (k8s.io/utils/clock: a fake one in tests can make a call slow).
 //
 // Steps 2 to 6 are admit (admission.go), a function of the downstream's state and the clock
-// that is tested without HTTP.
+// that is tested without HTTP: a chain of small steps over one call's state, each of which passes
+// the call on or refuses it (degrade, open breaker, rate, lane permit, permit, ticket), with one
+// wait shared by the lane's and the downstream's permits.
 //
 // Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
 // (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
