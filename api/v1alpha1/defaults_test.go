@@ -10,6 +10,9 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/apportion/apportion/internal/agent/breaker"
+	"github.com/apportion/apportion/internal/agent/recovery"
 )
 
 // TestDefaultsMatchCRD checks the Default* constants, which the manager applies, against the
@@ -54,29 +57,60 @@ func TestDefaultsMatchCRD(t *testing.T) {
 		{"degraderules", "spec.action.maxStaleness", DefaultMaxStaleness},
 		{"degraderules", "spec.action.static.status", DefaultStaticStatus},
 	} {
-		t.Run(tc.crd+"/"+tc.path, func(t *testing.T) {
-			s := schemaAt(t, tc.crd, tc.path)
-			if s.Default == nil {
-				t.Fatalf("no default in the CRD; the constant says %v", tc.want)
-			}
-			if d, ok := tc.want.(time.Duration); ok {
-				var got string
-				if err := json.Unmarshal(s.Default.Raw, &got); err != nil {
-					t.Fatalf("CRD default %s is not a duration string: %v", s.Default.Raw, err)
-				}
-				if g, err := time.ParseDuration(got); err != nil || g != d {
-					t.Fatalf("CRD default %q, constant %v", got, d)
-				}
-				return
-			}
-			want, err := json.Marshal(tc.want)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := string(s.Default.Raw); got != string(want) {
-				t.Fatalf("CRD default %s, constant %s", got, want)
-			}
-		})
+		t.Run(tc.crd+"/"+tc.path, func(t *testing.T) { checkDefault(t, tc.crd, tc.path, tc.want) })
+	}
+}
+
+// TestAgentDefaultsMatchCRD checks the defaults the agent's packages give a zero field against
+// the CRD's: a breaker or recovery Config built in code (a test, a bootstrap file's omitted
+// field) behaves as the quota's default would. Both come from package defaults; this fails when
+// an agent package states a value of its own again.
+func TestAgentDefaultsMatchCRD(t *testing.T) {
+	for _, tc := range []struct {
+		path string
+		want any
+	}{
+		{"spec.agent.circuitBreaker.window", breaker.DefaultWindow},
+		{"spec.agent.circuitBreaker.minimumCalls", breaker.DefaultMinCalls},
+		{"spec.agent.circuitBreaker.openDuration", breaker.DefaultOpenDuration},
+		{"spec.agent.circuitBreaker.halfOpenProbes", breaker.DefaultHalfOpenProbes},
+		{"spec.agent.circuitBreaker.failureRatePercent", recovery.DefaultFailureRatePercent},
+		{"spec.agent.recovery.window", recovery.DefaultWindow},
+		{"spec.agent.recovery.ramp.initialPercent", recovery.DefaultInitialPercent},
+		{"spec.agent.recovery.ramp.stepPercent", recovery.DefaultStepPercent},
+		{"spec.agent.recovery.ramp.healthyWindows", recovery.DefaultHealthyWindows},
+		{"spec.agent.recovery.adaptive.tolerancePercent", recovery.DefaultAdaptiveTolerancePercent},
+		{"spec.agent.recovery.adaptive.baselineWindows", recovery.DefaultBaselineWindows},
+		{"spec.agent.recovery.adaptive.minLimit", recovery.DefaultMinLimit},
+	} {
+		t.Run(tc.path, func(t *testing.T) { checkDefault(t, "downstreamquotas", tc.path, tc.want) })
+	}
+}
+
+// checkDefault fails t unless the CRD's default at path is want: a time.Duration is compared
+// with the parsed duration string, anything else as JSON.
+func checkDefault(t *testing.T, crd, path string, want any) {
+	t.Helper()
+	s := schemaAt(t, crd, path)
+	if s.Default == nil {
+		t.Fatalf("no default in the CRD; the constant says %v", want)
+	}
+	if d, ok := want.(time.Duration); ok {
+		var got string
+		if err := json.Unmarshal(s.Default.Raw, &got); err != nil {
+			t.Fatalf("CRD default %s is not a duration string: %v", s.Default.Raw, err)
+		}
+		if g, err := time.ParseDuration(got); err != nil || g != d {
+			t.Fatalf("CRD default %q, constant %v", got, d)
+		}
+		return
+	}
+	w, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(s.Default.Raw); got != string(w) {
+		t.Fatalf("CRD default %s, constant %s", got, w)
 	}
 }
 

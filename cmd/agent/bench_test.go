@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/agent/loadgen"
+	"github.com/apportion/apportion/internal/testing/loadgen"
 )
 
 // cpuTime is the CPU time a process's threads have used, in nanoseconds: the sum of the first

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/wait"
 )
 
 var binDir string
@@ -248,26 +249,14 @@ func TestAgentBinary(t *testing.T) {
 		resp.Body.Close()
 		slow <- string(b)
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, "the slow call in flight", func() bool {
 		st, err := c.State(context.Background(), to, 1)
-		if err == nil && st.Downstreams[0].InFlight == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the slow call never got in flight")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err == nil && st.Downstreams[0].InFlight == 1
+	})
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	for !p.logged("shutting down: draining calls in flight") {
-		if time.Now().After(deadline) {
-			t.Fatal("no shutdown log")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, "the shutdown log", func() bool { return p.logged("shutting down: draining calls in flight") })
 	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
 		t.Fatalf("readyz while draining = %d", code)
 	}

@@ -10,12 +10,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/apportion/apportion/internal/testing/wait"
 )
 
 // echoServer answers every request with its method, path and body, and counts its connections.
@@ -171,19 +172,12 @@ func TestHTTPClientSkipsClosedIdleConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	call(t, hc, ctx, http.MethodPut, url, strings.NewReader("first"))
-	// Wait until the upstream's close has reached the pooled connection.
 	hp := c.host(addr)
-	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+	wait.For(t, "the upstream's close to reach the pooled connection", func() bool {
 		hp.mu.Lock()
-		closed := len(hp.idle) == 1 && !hp.idle[0].peek.idle()
-		hp.mu.Unlock()
-		if closed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream's close never reached the pooled connection")
-		}
-	}
+		defer hp.mu.Unlock()
+		return len(hp.idle) == 1 && !hp.idle[0].peek.idle()
+	})
 	if got, _ := call(t, hc, ctx, http.MethodPut, url, strings.NewReader("second")); got != "ok" {
 		t.Fatalf("answer %q", got)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/wait"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -86,7 +87,7 @@ func TestHarnessDetectsViolations(t *testing.T) {
 			}
 			// The monitor marks the stopped agent unreachable at its next samples and models it at
 			// its last known permits (it may still hold them).
-			if !waitUntil(30*time.Second, func() bool {
+			if !wait.Within(30*time.Second, func() bool {
 				cur, ok := mon.Current()
 				return ok && cur.Unreachable == 1 && cur.Agents["pod-0"].Effective == int32(permits)
 			}) {
@@ -98,7 +99,7 @@ func TestHarnessDetectsViolations(t *testing.T) {
 		// At least 1.6 s more of load after the stopped agent is back, and at least minSamples
 		// samples in all.
 		time.Sleep(1600 * time.Millisecond)
-		waitUntil(time.Minute, func() bool { return mon.Stats().Samples >= minSamples })
+		wait.Within(time.Minute, func() bool { return mon.Stats().Samples >= minSamples })
 		ls := load.Stop()
 		st := mon.Stop()
 		t.Logf("permits %d × 4, limit %d, load for %v\nload: %s\nmonitor: %s (%.1f Hz)", permits, limit,
@@ -127,16 +128,4 @@ func TestHarnessDetectsViolations(t *testing.T) {
 			t.Errorf("want ledger violations outside recovery and excused samples within it: %s", st)
 		}
 	})
-}
-
-// waitUntil polls cond every 20 ms until it holds (true) or timeout passes (false).
-func waitUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }

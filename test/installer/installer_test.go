@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/apportion/apportion/internal/testing/wait"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -89,7 +90,7 @@ func TestInstallYAMLApplies(t *testing.T) {
 
 	for _, name := range []string{"downstreamquotas.apportion.io", "degraderules.apportion.io"} {
 		var crd apiextensionsv1.CustomResourceDefinition
-		waitFor(ctx, t, "CRD "+name+" Established", func() bool {
+		wait.ForContext(ctx, t, "CRD "+name+" Established", func() bool {
 			return c.Get(ctx, client.ObjectKey{Name: name}, &crd) == nil && established(&crd)
 		})
 	}
@@ -103,7 +104,7 @@ func TestInstallYAMLApplies(t *testing.T) {
 
 	t.Run("webhook", func(t *testing.T) {
 		var mwc admissionregistrationv1.MutatingWebhookConfiguration
-		waitFor(ctx, t, "the MutatingWebhookConfiguration", func() bool {
+		wait.ForContext(ctx, t, "the MutatingWebhookConfiguration", func() bool {
 			return c.Get(ctx, client.ObjectKey{Name: "apportion-mutating-webhook-configuration"}, &mwc) == nil
 		})
 		if len(mwc.Webhooks) != 1 {
@@ -402,17 +403,6 @@ func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
 		}
 	}
 	return false
-}
-
-func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 func established(crd *apiextensionsv1.CustomResourceDefinition) bool {

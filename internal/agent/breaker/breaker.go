@@ -60,6 +60,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/apportion/apportion/api/v1alpha1/defaults"
 )
 
 // State is a breaker state.
@@ -83,12 +85,13 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int(s))
 }
 
-// Defaults for zero Config fields, and the window's resolution.
+// Defaults for zero Config fields: the CRD's (spec.agent.circuitBreaker), from the one package
+// that states them for the API and the agent alike. And the window's resolution.
 const (
-	DefaultWindow         = 10 * time.Second
-	DefaultMinCalls       = 10
-	DefaultOpenDuration   = 30 * time.Second
-	DefaultHalfOpenProbes = 1
+	DefaultWindow         = defaults.BreakerWindow
+	DefaultMinCalls       = defaults.BreakerMinimumCalls
+	DefaultOpenDuration   = defaults.BreakerOpenDuration
+	DefaultHalfOpenProbes = defaults.BreakerHalfOpenProbes
 
 	// Buckets is the number of buckets the window is divided into: calls
 	// age out in steps of Window/Buckets.

@@ -11,30 +11,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/apportion/apportion/internal/testing/wait"
 )
-
-// waitFor spins until cond holds; the wall-clock bound only turns a hang into a failure.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
-func recv[T any](t *testing.T, what string, ch <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
 
 func noRecv[T any](t *testing.T, what string, ch <-chan T) {
 	t.Helper()
@@ -188,7 +167,7 @@ func enqueue(t *testing.T, s *Semaphore, l, n int, tag string) (granted chan str
 			<-h
 			s.Release(l)
 		}()
-		waitFor(t, "waiter queued", func() bool { return s.Stats().Lanes[l].Waiting == before+1 })
+		wait.For(t, "waiter queued", func() bool { return s.Stats().Lanes[l].Waiting == before+1 })
 	}
 	return granted, hold
 }
@@ -214,29 +193,29 @@ func TestReclaimOrder(t *testing.T) {
 	}
 	// A borrower finishes: the permit goes to core (reclaim), not to the older default waiter.
 	s.Release(1)
-	if got := recv(t, "core grant", coreGranted); got != "core0" {
+	if got := wait.Recv(t, "core grant", coreGranted); got != "core0" {
 		t.Fatalf("granted %s", got)
 	}
 	noRecv(t, "default grant after the first release", defGranted)
 	s.Release(1)
-	if got := recv(t, "core grant", coreGranted); got != "core1" {
+	if got := wait.Recv(t, "core grant", coreGranted); got != "core1" {
 		t.Fatalf("granted %s", got)
 	}
 	noRecv(t, "default grant after the second release", defGranted)
 	// Core now holds its whole reserve; default holds 5 = shared. Core finishing one frees a
 	// lendable permit: the default lane's oldest waiter gets it.
 	close(coreHold[0])
-	if got := recv(t, "default grant", defGranted); got != "default0" {
+	if got := wait.Recv(t, "default grant", defGranted); got != "default0" {
 		t.Fatalf("granted %s", got)
 	}
 	close(coreHold[1])
-	if got := recv(t, "default grant", defGranted); got != "default1" {
+	if got := wait.Recv(t, "default grant", defGranted); got != "default1" {
 		t.Fatalf("granted %s", got)
 	}
 	for _, h := range defHold {
 		close(h)
 	}
-	waitFor(t, "released", func() bool { return s.Stats().InFlight == 8 }) // 3 core + 5 default TryAcquired
+	wait.For(t, "released", func() bool { return s.Stats().InFlight == 8 }) // 3 core + 5 default TryAcquired
 }
 
 // TestNoBorrowWhileReserveWaits: a core waiter that cannot be served stops every grant beyond a
@@ -250,11 +229,11 @@ func TestNoBorrowWhileReserveWaits(t *testing.T) {
 	}
 	coreGranted, coreHold := enqueue(t, s, 0, 1, "core")
 	s.Release(1) // 9 default in flight; core fits: O 9 ≤ S 5 + B min(5, 4) = 9
-	recv(t, "core grant", coreGranted)
+	wait.Recv(t, "core grant", coreGranted)
 	defGranted, defHold := enqueue(t, s, 1, 1, "default")
 	close(coreHold[0])
 	// Core gone: 9 default + 1 free; the default waiter takes it.
-	recv(t, "default grant", defGranted)
+	wait.Recv(t, "default grant", defGranted)
 	close(defHold[0])
 }
 
@@ -269,7 +248,7 @@ func TestFIFOWithinLane(t *testing.T) {
 		} else {
 			close(hold[i-2])
 		}
-		if got, want := recv(t, "grant", granted), fmt.Sprintf("w%d", i); got != want {
+		if got, want := wait.Recv(t, "grant", granted), fmt.Sprintf("w%d", i); got != want {
 			t.Fatalf("grant %d went to %s", i, got)
 		}
 	}
@@ -285,10 +264,10 @@ func TestFIFOAcrossLanesBeyondReserves(t *testing.T) {
 	a, ah := enqueue(t, s, 1, 1, "a")
 	b, bh := enqueue(t, s, 0, 1, "b")
 	s.Release(0)
-	recv(t, "a", a)
+	wait.Recv(t, "a", a)
 	noRecv(t, "b", b)
 	close(ah[0])
-	recv(t, "b", b)
+	wait.Recv(t, "b", b)
 	close(bh[0])
 }
 
@@ -300,15 +279,15 @@ func TestCancelledReserveWaiterUnblocksOverflow(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	coreErr := make(chan error, 1)
 	go func() { coreErr <- s.Acquire(ctx, 0) }()
-	waitFor(t, "core waiting", func() bool { return s.Stats().Lanes[0].Waiting == 1 })
+	wait.For(t, "core waiting", func() bool { return s.Stats().Lanes[0].Waiting == 1 })
 	defGranted, defHold := enqueue(t, s, 1, 1, "default")
 	s.Release(1) // core can be served: it takes the permit
-	if err := recv(t, "core", coreErr); err != nil {
+	if err := wait.Recv(t, "core", coreErr); err != nil {
 		t.Fatal(err)
 	}
 	s.Release(0)
 	// 3 default in flight, core idle: the default waiter borrows.
-	recv(t, "default grant", defGranted)
+	wait.Recv(t, "default grant", defGranted)
 	close(defHold[0])
 	cancel()
 }

@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/agent/enforce"
-	"github.com/apportion/apportion/internal/agent/loadgen"
 	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/h1"
+	"github.com/apportion/apportion/internal/testing/loadgen"
 )
 
 // benchServer serves h on a real 127.0.0.1 listener with net/http's server (the upstream).

@@ -62,6 +62,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/apportion/apportion/api/v1alpha1/defaults"
 )
 
 // Shape is how a ramp widens.
@@ -74,16 +76,17 @@ const (
 	Exponential Shape = "Exponential"
 )
 
-// Defaults for zero fields.
+// Defaults for zero fields: the CRD's (spec.agent.recovery; the failure rate that makes a window
+// unhealthy is the breaker's), from the one package that states them for the API and the agent.
 const (
-	DefaultWindow                   = time.Second
-	DefaultInitialPercent           = 10 // Envoy's min_weight_percent default
-	DefaultStepPercent              = 10
-	DefaultHealthyWindows           = 2
-	DefaultFailureRatePercent       = 50  // the breaker's default
-	DefaultAdaptiveTolerancePercent = 150 // Gradient2's rttTolerance 1.5
-	DefaultBaselineWindows          = 60
-	DefaultMinLimit                 = 1
+	DefaultWindow                   = defaults.RecoveryWindow
+	DefaultInitialPercent           = defaults.RampInitialPercent
+	DefaultStepPercent              = defaults.RampStepPercent
+	DefaultHealthyWindows           = defaults.RampHealthyWindows
+	DefaultFailureRatePercent       = defaults.BreakerFailureRatePercent
+	DefaultAdaptiveTolerancePercent = defaults.AdaptiveTolerancePercent
+	DefaultBaselineWindows          = defaults.AdaptiveBaselineWindows
+	DefaultMinLimit                 = defaults.AdaptiveMinLimit
 )
 
 // Health is what makes a window healthy. Zero FailureRatePercent means

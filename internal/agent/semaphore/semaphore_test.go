@@ -12,37 +12,13 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/apportion/apportion/internal/testing/wait"
 )
-
-// waitFor spins until cond holds. It never sleeps and never decides an
-// assertion: the wall-clock bound only turns a hang into a readable failure.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
-}
-
-// recv receives from ch; like waitFor, its bound only turns a hang (a lost
-// wake-up or a leaked permit) into a failure.
-func recv[T any](t *testing.T, what string, ch <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
 
 func waitWaiting(t *testing.T, s *Semaphore, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d waiters", n), func() bool { return s.Stats().Waiting == n })
+	wait.For(t, fmt.Sprintf("%d waiters", n), func() bool { return s.Stats().Waiting == n })
 }
 
 func wantStats(t *testing.T, s *Semaphore, want Stats) {
@@ -140,7 +116,7 @@ func TestNoBarging(t *testing.T) {
 	if s.TryAcquire() {
 		t.Fatal("TryAcquire stole the permit handed to the waiter")
 	}
-	if err := recv(t, "waiter", got); err != nil {
+	if err := wait.Recv(t, "waiter", got); err != nil {
 		t.Fatalf("waiter Acquire = %v, want nil", err)
 	}
 	s.Release()
@@ -182,13 +158,13 @@ func TestFIFOOrder(t *testing.T) {
 	for want := range n {
 		// Only one permit exists, so waiter want must be the next and
 		// only one granted.
-		if got := recv(t, "grant", granted); got != want {
+		if got := wait.Recv(t, "grant", granted); got != want {
 			t.Fatalf("grant #%d went to waiter %d, want %d", want, got, want)
 		}
 		wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: n - want - 1})
 		close(hold[want])
 	}
-	waitFor(t, "all released", func() bool { return s.Stats().InFlight == 0 })
+	wait.For(t, "all released", func() bool { return s.Stats().InFlight == 0 })
 }
 
 func TestRaiseLimitWakesInFIFOOrder(t *testing.T) {
@@ -200,7 +176,7 @@ func TestRaiseLimitWakesInFIFOOrder(t *testing.T) {
 	wantStats(t, s, Stats{Limit: 3, InFlight: 3, Waiting: n - 3})
 	got := map[int]bool{}
 	for range 3 {
-		got[recv(t, "grant", granted)] = true
+		got[wait.Recv(t, "grant", granted)] = true
 	}
 	if diff := cmp.Diff(map[int]bool{0: true, 1: true, 2: true}, got); diff != "" {
 		t.Fatalf("raising the limit woke the wrong waiters (-want +got):\n%s", diff)
@@ -209,12 +185,12 @@ func TestRaiseLimitWakesInFIFOOrder(t *testing.T) {
 	s.SetLimit(n)
 	wantStats(t, s, Stats{Limit: n, InFlight: n})
 	for range n - 3 {
-		recv(t, "grant", granted)
+		wait.Recv(t, "grant", granted)
 	}
 	for _, h := range hold {
 		close(h)
 	}
-	waitFor(t, "all released", func() bool { return s.Stats().InFlight == 0 })
+	wait.For(t, "all released", func() bool { return s.Stats().InFlight == 0 })
 }
 
 func TestLowerLimitWaitsUntilBelowNewLimit(t *testing.T) {
@@ -233,7 +209,7 @@ func TestLowerLimitWaitsUntilBelowNewLimit(t *testing.T) {
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: 1})
 	s.Release() // 0 in flight: the waiter is granted
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1})
-	if err := recv(t, "waiter", got); err != nil {
+	if err := wait.Recv(t, "waiter", got); err != nil {
 		t.Fatalf("Acquire = %v", err)
 	}
 }
@@ -272,17 +248,17 @@ func TestCancelledWaiterInMiddleKeepsOrder(t *testing.T) {
 	waitWaiting(t, s, 3)
 
 	cancel()
-	if err := recv(t, "cancelled waiter", mid); !errors.Is(err, context.Canceled) {
+	if err := wait.Recv(t, "cancelled waiter", mid); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire = %v, want Canceled", err)
 	}
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1, Waiting: 2})
 
 	s.Release()
-	if got := recv(t, "grant", granted); got != 0 {
+	if got := wait.Recv(t, "grant", granted); got != 0 {
 		t.Fatalf("first grant went to %d", got)
 	}
 	close(hold[0]) // waiter 0 releases: the last waiter is next
-	if err := recv(t, "last waiter", last); err != nil {
+	if err := wait.Recv(t, "last waiter", last); err != nil {
 		t.Fatalf("last Acquire = %v", err)
 	}
 	wantStats(t, s, Stats{Limit: 1, InFlight: 1})
@@ -320,10 +296,10 @@ func TestGrantRacingCancel(t *testing.T) {
 		s.releaseLocked() // hands the permit to the first waiter
 		s.mu.Unlock()
 
-		if err := recv(t, "first waiter", first); !errors.Is(err, context.Canceled) {
+		if err := wait.Recv(t, "first waiter", first); !errors.Is(err, context.Canceled) {
 			t.Fatalf("iteration %d: first Acquire = %v, want Canceled", i, err)
 		}
-		if err := recv(t, "second waiter", second); err != nil {
+		if err := wait.Recv(t, "second waiter", second); err != nil {
 			t.Fatalf("iteration %d: second Acquire = %v, want nil (permit not passed on)", i, err)
 		}
 		wantStats(t, s, Stats{Limit: 1, InFlight: 1})

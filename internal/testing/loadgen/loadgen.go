@@ -1,6 +1,9 @@
 // Package loadgen drives HTTP load for the agent's benchmarks: open loop (a fixed rate, whatever
 // the answers do) and latency percentiles. Every call is a GET that must answer 200; any other
 // outcome is returned as an error and its latency left out.
+//
+// It is for benchmarks and tests only (cmd/agent's and internal/agent/proxy's), which is why it
+// lives under internal/testing and not beside the agent's product packages.
 package loadgen
 
 import (
