@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/controller"
 	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/inject"
@@ -227,9 +228,11 @@ func run(args []string) error {
 	// One kept-alive connection per agent (a renewal every few seconds), on the agent's lean
 	// HTTP/1.1 client: an idle connection costs no goroutine (http.Transport keeps two, 20,000
 	// at 10,000 agents), is checked with one peek before it is reused (a dead agent's is not),
-	// and a push's timeout is its connection's deadline.
+	// and a push's timeout is its connection's deadline. An agent's answer heads are small;
+	// one larger is refused before it costs much (assignment.MaxAnswerHeadBytes).
 	agentHTTP := h1.NewClient()
 	agentHTTP.SetMaxIdlePerHost(1)
+	agentHTTP.SetMaxResponseHeaderBytes(assignment.MaxAnswerHeadBytes)
 	signer := push.NewSigningClient(h1.HTTPClient{C: agentHTTP}, sched)
 	trustChanges := make(chan event.GenericEvent, 1)
 	keeper := &keyKeeper{keys: keys, signer: signer, overlap: o.keyOverlap, rotation: o.keyRotation,

@@ -52,9 +52,6 @@ type Problem struct {
 	State *State `json:"state,omitempty"`
 }
 
-// maxStateBytes caps a State answer the client reads.
-const maxStateBytes = 8 << 20
-
 // Endpoint addresses one agent's control API.
 type Endpoint struct {
 	// URL is the control API's base URL ("http://10.1.2.3:15000").
@@ -250,7 +247,7 @@ func (c *Client) now() time.Time {
 	return time.Now()
 }
 
-// send sends a signed request and reads the answer.
+// send sends a signed request and reads the answer, at a bounded cost (answer.go).
 func (c *Client) send(req *http.Request) (*State, error) {
 	var hc Doer = http.DefaultClient
 	if c.HTTP != nil {
@@ -261,43 +258,72 @@ func (c *Client) send(req *http.Request) (*State, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxStateBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading the agent's answer: %w", err)
-	}
-	if len(data) > maxStateBytes {
-		return nil, fmt.Errorf("the agent's answer exceeds %d bytes", maxStateBytes)
-	}
 	if resp.StatusCode == http.StatusOK {
-		// encoding/json, not encoding/json/v2: in Go 1.27 v1 runs on v2's decoder, and decoding
-		// a State costs the same with either (BenchmarkStateDecode), so nothing is gained by
-		// v2's stricter defaults (duplicate names, invalid UTF-8 refused) or its different
-		// errors. Unknown fields are ignored: a newer agent may add some.
-		var st State
-		if err := json.Unmarshal(data, &st); err != nil {
-			return nil, fmt.Errorf("decoding the agent's state: %w", err)
+		// Decoded as it is read, within the bounds of answer.go; a valid State decodes as
+		// json.Unmarshal decodes it. Unknown fields are ignored: a newer agent may add some.
+		st, err := decodeState(resp.Body)
+		if err != nil {
+			return nil, refusedAnswer("decoding the agent's state", err)
 		}
-		return &st, nil
+		return st, nil
 	}
+	return nil, readProblem(resp)
+}
+
+// readProblem reads an answer other than 200: a *StaleError when it is a 409, or a 403
+// wrong-instance, with the agent's State; a *StatusError otherwise, or an error wrapping
+// ErrTooLarge when a problem+json body is larger than a real agent's.
+func readProblem(resp *http.Response) error {
+	var head [512]byte // the first bytes, the detail of an answer that is not a problem
+	var kept []byte
 	var p Problem
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/problem+json" || mt == "application/json" {
-		_ = json.Unmarshal(data, &p)
+		limit := MaxProblemBytes
+		if resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusForbidden {
+			limit += MaxStateBytes
+		}
+		dp, k, err := decodeProblem(resp.Body, limit, head[:])
+		switch {
+		case errors.Is(err, ErrTooLarge):
+			return refusedAnswer(fmt.Sprintf("reading the agent's %d answer", resp.StatusCode), err)
+		case err != nil:
+			kept = fmt.Appendf(nil, "%s (the problem could not be decoded: %s)", bytes.TrimSpace(k), truncate(err.Error(), maxErrorText))
+		default:
+			p, kept = *dp, k
+		}
+	} else {
+		// Read what an agent would send, so that the connection can be reused; the rest, if
+		// any, is left to Close, which closes the connection.
+		n, _ := io.ReadFull(resp.Body, head[:])
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxProblemBytes))
+		kept = head[:n]
 	}
 	if p.State != nil && (resp.StatusCode == http.StatusConflict ||
 		(resp.StatusCode == http.StatusForbidden && p.Reason == ReasonWrongInstance)) {
-		return nil, &StaleError{State: *p.State, Detail: p.Detail}
+		return &StaleError{State: *p.State, Detail: p.Detail}
 	}
 	if p.Title == "" && p.Detail == "" {
-		p.Detail = strings.TrimSpace(string(truncateBytes(data, 512)))
+		p.Detail = string(bytes.TrimSpace(kept))
 	}
-	return nil, &StatusError{StatusCode: resp.StatusCode, Problem: p}
+	return &StatusError{StatusCode: resp.StatusCode, Problem: p}
 }
 
-func truncateBytes(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
+// maxErrorText bounds the text of an error that may quote an answer.
+const maxErrorText = 512
+
+// answerError is an answer the client refused. Its text is cut at maxErrorText bytes: it may
+// quote the answer (a JSON pointer into it), whose author is not trusted, and it ends in log
+// lines.
+type answerError struct {
+	msg string
+	err error
+}
+
+func (e *answerError) Error() string { return e.msg }
+func (e *answerError) Unwrap() error { return e.err }
+
+func refusedAnswer(what string, err error) error {
+	return &answerError{msg: truncate(what+": "+err.Error(), maxErrorText), err: err}
 }
 
 // IsStale reports whether err is (or wraps) a *StaleError, and returns it.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"math"
 	"os"
 	"strings"
@@ -207,6 +209,20 @@ func TestDecodeErrors(t *testing.T) {
 		{name: "switch downstream unknown", body: mutate(t, func(m map[string]any) { sw(m, 0)["downstream"] = "nope" }), want: []string{`switches[0].downstream: "nope" is not a listed downstream`}},
 		{name: "switch methods", body: mutate(t, func(m map[string]any) { sw(m, 0)["methods"] = []any{"get"} }), want: []string{"switches[0].methods[0]: must be one of"}},
 		{name: "switch action", body: mutate(t, func(m map[string]any) { sw(m, 0)["action"] = map[string]any{"action": "Static"} }), want: []string{"switches[0].action.static: is required when action is Static"}},
+		{name: "too many downstreams", body: mutate(t, func(m map[string]any) {
+			for i := len(m["downstreams"].([]any)); i <= MaxDownstreams; i++ {
+				d := maps.Clone(ds(m, 1))
+				d["name"] = fmt.Sprintf("d%d", i)
+				m["downstreams"] = append(m["downstreams"].([]any), d)
+			}
+		}), want: []string{"downstreams[32]: beyond the 32 downstreams an assignment may list"}},
+		{name: "too many switches", body: mutate(t, func(m map[string]any) {
+			for i := len(m["switches"].([]any)); i <= MaxSwitches; i++ {
+				s := maps.Clone(sw(m, 0))
+				s["name"] = fmt.Sprintf("shop/s%d", i)
+				m["switches"] = append(m["switches"].([]any), s)
+			}
+		}), want: []string{"switches[64]: beyond the 64 switches an assignment may list"}},
 		{name: "switch duplicate", body: mutate(t, func(m map[string]any) {
 			m["switches"] = append(m["switches"].([]any), sw(m, 0))
 		}), want: []string{`switches[1].name: duplicate of switches[0].name "shop/degrade-geo"`}},

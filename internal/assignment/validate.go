@@ -49,6 +49,13 @@ const (
 	MaxHeaderValueLength    = 4096
 	MaxSwitchNameLength     = 317 // "<namespace (63)>/<name (253)>"
 	MaxDownstreamNameLength = 63
+	MaxInstanceLength       = 64
+	// MaxDownstreams and MaxSwitches bound one pod's assignment, hence its agent's State and
+	// what the manager reads per answer (MaxStateBytes, answer.go). The manager does not push
+	// a pod in more than MaxDownstreams quotas a new assignment (it logs why), and pushes one
+	// with more than MaxSwitches switches without its switches (package push, rebuild).
+	MaxDownstreams = 32
+	MaxSwitches    = 64
 	// MaxFence bounds Epoch and Generation: an agent refuses every push below the pair it
 	// holds, so one accepted near MaxInt64 would leave no room to count up and fence it out
 	// of all later pushes until it restarted. 2^53-1, the largest integer a JSON number holds
@@ -73,9 +80,10 @@ var Methods = []string{"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE
 // Validate checks every field of a decoded Assignment and returns all problems joined
 // (errors.Join), each a *FieldError naming its path, or nil.
 //
-// Besides the per-field ranges (see the constants), it requires downstream names to be unique
-// DNS labels, switch names to be unique, every switch to name a listed downstream, the Static
-// action to carry a static answer, and a switch below 100 percent to name its keyHeader.
+// Besides the per-field ranges and list lengths (see the constants), it requires downstream
+// names to be unique DNS labels, switch names to be unique, every switch to name a listed
+// downstream, the Static action to carry a static answer, and a switch below 100 percent to name
+// its keyHeader.
 // SafeDefaultPermits may exceed Permits: the agent always uses min(Permits, SafeDefaultPermits).
 func (a *Assignment) Validate() error { return a.validate(false) }
 
@@ -112,8 +120,16 @@ func (a *Assignment) validate(bootstrap bool) error {
 		}
 		v.durRange("leaseTTL", a.LeaseTTL.D(), MinLeaseTTL, MaxLeaseTTL)
 	}
-	if len(a.Instance) > 64 {
-		v.add("instance", "must be at most 64 characters")
+	if len(a.Instance) > MaxInstanceLength {
+		v.add("instance", fmt.Sprintf("must be at most %d characters", MaxInstanceLength))
+	}
+	// The first one too many is named, so that the manager can tell switches it may drop
+	// (paths under "switches[") from downstreams it may not.
+	if len(a.Downstreams) > MaxDownstreams {
+		v.add(fmt.Sprintf("downstreams[%d]", MaxDownstreams), fmt.Sprintf("beyond the %d downstreams an assignment may list", MaxDownstreams))
+	}
+	if len(a.Switches) > MaxSwitches {
+		v.add(fmt.Sprintf("switches[%d]", MaxSwitches), fmt.Sprintf("beyond the %d switches an assignment may list", MaxSwitches))
 	}
 	names := make(map[string]int, len(a.Downstreams))
 	for i := range a.Downstreams {

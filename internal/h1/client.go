@@ -47,15 +47,18 @@ const (
 	// bodyWriteGrace is how long a complete answer waits for the request body's writer to
 	// report before the connection is given up (http.Transport waits as long).
 	bodyWriteGrace = 50 * time.Millisecond
-	// MaxResponseHeaderBytes bounds an answer's head (status line and fields, 1xx heads
-	// included): an upstream answering with an endless head must not take the caller's memory.
+	// MaxResponseHeaderBytes bounds an answer's heads together (status lines and fields, the
+	// 1xx heads before the final one included, as http.Transport counts them): an upstream
+	// answering with an endless head, or endless 1xx heads, must not take the caller's memory.
 	// 1 MiB, as http.DefaultMaxHeaderBytes for requests; http.Transport's default is 10 MiB,
-	// which 1,024 pooled connections could not afford.
+	// which 1,024 pooled connections could not afford. SetMaxResponseHeaderBytes lowers it
+	// for a caller whose peers send small heads (the manager: an agent's are under 300 bytes,
+	// and parsing a head of many small fields allocates about 14 times its size).
 	MaxResponseHeaderBytes = 1 << 20
 )
 
-// BadResponseError is an answer Client cannot read as HTTP/1.1: a head over
-// MaxResponseHeaderBytes, a malformed head, a protocol switch nobody asked for. The upstream
+// BadResponseError is an answer Client cannot read as HTTP/1.1: heads over the client's limit
+// (MaxResponseHeaderBytes), a malformed head, a protocol switch nobody asked for. The upstream
 // misbehaves; its connection is closed.
 type BadResponseError struct {
 	Reason string // what is wrong with the answer, for people
@@ -93,6 +96,8 @@ type Client struct {
 	idleTimeout time.Duration
 	// maxIdle bounds the idle connections kept per host (DefaultMaxIdlePerHost).
 	maxIdle int
+	// maxHead bounds an answer's heads together (MaxResponseHeaderBytes).
+	maxHead int64
 	// reaping: a timer is set to close the connections that will have been idle too long (see
 	// reap).
 	reaping atomic.Bool
@@ -102,7 +107,7 @@ type Client struct {
 // closes connections idle for DefaultIdleTimeout.
 func NewClient() *Client {
 	return &Client{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
-		idleTimeout: DefaultIdleTimeout, maxIdle: DefaultMaxIdlePerHost}
+		idleTimeout: DefaultIdleTimeout, maxIdle: DefaultMaxIdlePerHost, maxHead: MaxResponseHeaderBytes}
 }
 
 // SetIdleTimeout changes how long a connection may stay idle; call it before the first Do.
@@ -112,6 +117,11 @@ func (p *Client) SetIdleTimeout(d time.Duration) { p.idleTimeout = d }
 // one); call it before the first Do. A caller that sends one request at a time to each of many
 // hosts (the manager to its agents) keeps one.
 func (p *Client) SetMaxIdlePerHost(n int) { p.maxIdle = max(n, 1) }
+
+// SetMaxResponseHeaderBytes changes how many bytes an answer's heads may take together (at
+// least 1 KiB; MaxResponseHeaderBytes by default); call it before the first Do. An answer over
+// it fails with a *BadResponseError and its connection is closed.
+func (p *Client) SetMaxResponseHeaderBytes(n int) { p.maxHead = int64(max(n, 1<<10)) }
 
 type hostPool struct {
 	addr string // host:port to dial
@@ -137,10 +147,12 @@ type upConn struct {
 	ex        exchange // the exchange in progress, if any
 }
 
-// headLimit reads from c at most remain bytes, then fails with errResponseHeadTooLarge.
+// headLimit reads from c at most remain bytes, then fails with errResponseHeadTooLarge. While
+// an answer's heads are read remain starts at limit; while its body is read it is unbounded.
 type headLimit struct {
 	c      net.Conn
 	remain int64
+	limit  int64
 }
 
 func (l *headLimit) Read(p []byte) (int, error) {
@@ -201,7 +213,7 @@ func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
 		return nil, err
 	}
 	conn = fastConn(conn)
-	uc := &upConn{conn: conn, lr: headLimit{c: conn, remain: math.MaxInt64}}
+	uc := &upConn{conn: conn, lr: headLimit{c: conn, remain: math.MaxInt64, limit: p.maxHead}}
 	uc.takeBuffers()
 	uc.peek.init(conn)
 	if err := conn.SetDeadline(deadline); err != nil {
@@ -516,32 +528,33 @@ func (ex *exchange) Close() error {
 
 // readResponse reads the upstream's final answer; informational answers other than 101 are
 // dropped (the lean path never sends Expect, and 103 hints are optional). A 101 to a request
-// that asked for no upgrade is an error. lim (nil: none) is the reader under br: each head may
-// take at most MaxResponseHeaderBytes from the connection (plus what br buffered before), the
-// body any amount. Errors of the answer itself (too large, malformed, a 101) are
-// *badResponseError; those of the connection are returned as they are.
+// that asked for no upgrade is an error. lim (nil: none) is the reader under br: the heads
+// together may take at most lim.limit bytes from the connection (plus what br buffered
+// before), as http.Transport counts them (a 1xx head does not renew the allowance, or endless
+// 1xx heads would be read for ever), the body any amount. Errors of the answer itself (too
+// large, malformed, a 101) are *badResponseError; those of the connection are returned as
+// they are.
 func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Response, error) {
+	var limit int64
+	if lim != nil {
+		limit = lim.limit
+		lim.remain = limit
+	}
 	for {
 		// Wait for the answer's first bytes; a head whole in them and in the common subset is
 		// read without net/http (see head.go).
-		if lim != nil {
-			lim.remain = MaxResponseHeaderBytes
-		}
 		_, err := br.Peek(1)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF // as http.ReadResponse: the answer is missing
 			}
-			return nil, headError(err)
+			return nil, headError(err, limit)
 		}
 		res, ok := readResponseHead(br, r)
 		if !ok {
 			if res, err = http.ReadResponse(br, r); err != nil {
-				return nil, headError(err)
+				return nil, headError(err, limit)
 			}
-		}
-		if lim != nil {
-			lim.remain = math.MaxInt64
 		}
 		switch {
 		case res.StatusCode == http.StatusSwitchingProtocols:
@@ -549,21 +562,35 @@ func readResponse(br *bufio.Reader, lim *headLimit, r *http.Request) (*http.Resp
 		case res.StatusCode >= 100 && res.StatusCode < 200:
 			continue
 		}
+		if lim != nil {
+			lim.remain = math.MaxInt64 // the body
+		}
 		return res, nil
 	}
 }
 
 // headError sorts an error reading an answer's head: the connection's (a timeout, a reset, the
 // upstream closing) as is, the answer's own (over the limit, not HTTP) as *badResponseError.
-func headError(err error) error {
+func headError(err error, limit int64) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, errResponseHeadTooLarge):
-		return &BadResponseError{Reason: "its head is larger than " + strconv.Itoa(MaxResponseHeaderBytes>>20) + " MiB", Err: err}
+		return &BadResponseError{Reason: "its head is larger than " + sizeText(limit), Err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.As(err, &ne), errors.Is(err, net.ErrClosed):
 		return err
 	}
 	return &BadResponseError{Reason: "malformed head", Err: err}
+}
+
+// sizeText writes n bytes for people: "1 MiB", "4 KiB", "1500 bytes".
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + " MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
 }
 
 // writeRequestHead writes the request line and header into bw (not flushed): see Do.

@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -232,5 +233,51 @@ func TestClientClosesConnectionWithUnaskedBytes(t *testing.T) {
 	}
 	if n := pooled.Load(); n > 2 {
 		t.Fatalf("buffers given back %d times for two calls", n)
+	}
+}
+
+// An answer's heads are bounded together, 1xx heads included (as http.Transport counts them):
+// a head over the client's limit, or 1xx heads that reach it together, fail with a
+// *BadResponseError naming the limit, and heads within it are read. Without the 1xx heads
+// counted, an upstream could send them for ever, each as large as the limit.
+func TestClientBoundsHeads(t *testing.T) {
+	const limit = 4 << 10
+	field := "X-Pad: " + strings.Repeat("p", 1000) + "\r\n" // 1,009 bytes
+	for _, tc := range []struct {
+		name   string
+		answer string
+		ok     bool
+	}{
+		{"small", "HTTP/1.1 200 OK\r\n" + field + "Content-Length: 2\r\n\r\nok", true},
+		{"one head over", "HTTP/1.1 200 OK\r\n" + strings.Repeat(field, 5) + "Content-Length: 2\r\n\r\nok", false},
+		{"1xx heads within", "HTTP/1.1 103 Early Hints\r\n" + field + "\r\n" + "HTTP/1.1 200 OK\r\n" + field + "Content-Length: 2\r\n\r\nok", true},
+		{"1xx heads over together", strings.Repeat("HTTP/1.1 103 Early Hints\r\n"+field+"\r\n", 4) + "HTTP/1.1 200 OK\r\n" + field + "Content-Length: 2\r\n\r\nok", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, _ := listenRaw(t, func(c net.Conn) {
+				if _, err := h1test.ReadHead(bufio.NewReader(c)); err == nil {
+					_, _ = io.WriteString(c, tc.answer)
+				}
+			})
+			c := NewClient()
+			c.SetMaxResponseHeaderBytes(limit)
+			t.Cleanup(c.CloseIdleConnections)
+			req := &http.Request{Method: http.MethodGet, Header: http.Header{}, Body: http.NoBody}
+			res, err := c.Do(req, Target{Host: addr, Path: "/"}, time.Now().Add(10*time.Second))
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b, err := io.ReadAll(res.Body); err != nil || string(b) != "ok" {
+					t.Fatalf("body %q %v", b, err)
+				}
+				res.Body.Close()
+				return
+			}
+			var bad *BadResponseError
+			if !errors.As(err, &bad) || !strings.Contains(err.Error(), "larger than 4 KiB") {
+				t.Fatalf("Do = %v, want a *BadResponseError for a head larger than 4 KiB", err)
+			}
+		})
 	}
 }
