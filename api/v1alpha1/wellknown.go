@@ -15,10 +15,21 @@ const (
 	// InjectAnnotation set to "false" on a pod opts it out of injection; "true" is the same as
 	// absent.
 	InjectAnnotation = "apportion.io/inject"
-	// AgentPortAnnotation on a pod names its agent's control port (a number); the manager looks
-	// for it first.
+	// AgentContainerName is the name of the agent's container: the native sidecar the injection
+	// webhook adds, or a hand-written one. It marks a pod as having its agent (the webhook leaves
+	// such a pod alone), and the manager talks to that container's AgentPortName port, whatever
+	// else the pod says.
+	AgentContainerName = "apportion-agent"
+	// AgentPortAnnotation on a pod names its agent's control port (a number) for a pod whose
+	// agent is not a container named AgentContainerName with an AgentPortName port; such a
+	// container's port wins over it.
 	AgentPortAnnotation = "apportion.io/agent-port"
-	// AgentPortName is the name of the agent container's control port; the manager uses the
-	// container port of that name when the pod has no AgentPortAnnotation.
+	// AgentPortName is the name of the agent container's control port.
 	AgentPortName = "apportion-ctl"
+	// TrustConfigMap is the name of the ConfigMap of the manager's public keys that agents
+	// verify its pushes with, kept by the manager in every namespace with agents and mounted by
+	// every injected agent. The name is reserved in those namespaces: the manager's RBAC
+	// (resourceNames) and the admission policy that keeps tenants from writing it name it too,
+	// so it is not configurable.
+	TrustConfigMap = "apportion-trust"
 )

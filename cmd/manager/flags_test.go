@@ -26,3 +26,13 @@ func TestStatusWritersFlag(t *testing.T) {
 		}
 	}
 }
+
+// The trust ConfigMap's name is not a flag: the injector mounts apportionv1.TrustConfigMap, and
+// the manager's RBAC and the admission policy name it, so a manager told to keep another name
+// would give every injected pod a volume that does not exist (internal/controller checks that the
+// ConfigMap an injected pod mounts is the one the trust reconciler keeps).
+func TestNoTrustConfigMapFlag(t *testing.T) {
+	if _, _, err := parseFlags([]string{"--agent-image=a", "--trust-configmap=keys"}); err == nil || !strings.Contains(err.Error(), "trust-configmap") {
+		t.Errorf("--trust-configmap=keys: %v; want it refused as an unknown flag", err)
+	}
+}

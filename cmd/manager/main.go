@@ -61,7 +61,6 @@ type options struct {
 	statusWriters    int
 	keyRotation      time.Duration
 	keyOverlap       time.Duration
-	trustConfigMap   string
 	version          bool
 	webhook          webhookOptions
 	sharing          sharingOptions // sharing.go
@@ -91,7 +90,6 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 		"DownstreamQuota status writes in flight at once; a reconcile hands its status over and never waits for the write (one write per quota at a time, the latest status wins)")
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
 	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
-	fs.StringVar(&o.trustConfigMap, "trust-configmap", push.DefaultTrustConfigMap, "name of the ConfigMap of public keys kept in every namespace with agents")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	o.webhook.bind(fs)
 	o.sharing.bind(fs)
@@ -138,9 +136,6 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	}
 	if o.keyRotation < 0 || (o.keyRotation > 0 && o.keyRotation <= 2*o.keyOverlap) {
 		errs = append(errs, fmt.Errorf("--key-rotation-interval must be 0 or longer than twice --key-overlap (%s), so that at most two keys are published, got %s", o.keyOverlap, o.keyRotation))
-	}
-	if o.trustConfigMap == "" {
-		errs = append(errs, errors.New("--trust-configmap must not be empty"))
 	}
 	if o.managerNamespace == "" {
 		errs = append(errs, errors.New("--manager-namespace must not be empty"))
@@ -299,8 +294,10 @@ func run(args []string) error {
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("DownstreamQuota controller: %w", err)
 	}
+	// The trust ConfigMap has one name (apportionv1.TrustConfigMap), which the injected pods mount,
+	// the manager's RBAC names and the admission policy guards: it is not a flag.
 	if err := (&controller.TrustReconciler{
-		Client: mgr.GetClient(), Name: o.trustConfigMap, Data: keeper.trustData, Changes: trustChanges,
+		Client: mgr.GetClient(), Recorder: recorder, Data: keeper.trustData, Changes: trustChanges,
 		Namespace: o.watchNamespace,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("trust controller: %w", err)

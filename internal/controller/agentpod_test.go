@@ -43,16 +43,28 @@ func TestAgentBootstraps(t *testing.T) {
 func TestAgentOf(t *testing.T) {
 	always := corev1.ContainerRestartPolicyAlways
 	ctl := []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 15000}}
+	appCtl := []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 8080}}
+	annotated := func(port string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: port}}
+	}
+	// injected is a pod as the webhook leaves it: the agent as the first native sidecar, and the
+	// annotation the webhook writes.
+	injected := func(meta metav1.ObjectMeta, app ...corev1.Container) corev1.Pod {
+		return corev1.Pod{ObjectMeta: meta, Spec: corev1.PodSpec{
+			Containers:     append([]corev1.Container{{Name: "app"}}, app...),
+			InitContainers: []corev1.Container{{Name: apportionv1.AgentContainerName, RestartPolicy: &always, Ports: ctl}},
+		}}
+	}
 	for _, tc := range []struct {
 		name string
 		pod  corev1.Pod
 		want podAgent
 	}{
 		{"nothing", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}}}}, podAgent{}},
-		{"annotation", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "15100"}}}, podAgent{Port: 15100}},
-		{"annotation wins over the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "15100"}},
+		{"annotation", corev1.Pod{ObjectMeta: annotated("15100")}, podAgent{Port: 15100}},
+		{"annotation wins over another container's named port", corev1.Pod{ObjectMeta: annotated("15100"),
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15100}},
-		{"a bad annotation falls back to the named port", corev1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{apportionv1.AgentPortAnnotation: "ctl"}},
+		{"a bad annotation falls back to the named port", corev1.Pod{ObjectMeta: annotated("ctl"),
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
 		{"named port in a container", corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app"}, {Name: "agent", Ports: ctl}}}}, podAgent{Port: 15000}},
 		{"native sidecar with port and --bootstrap", corev1.Pod{Spec: corev1.PodSpec{
@@ -63,10 +75,30 @@ func TestAgentOf(t *testing.T) {
 			Containers:     []corev1.Container{{Name: "app"}},
 			InitContainers: []corev1.Container{{Name: "setup", Ports: ctl, Args: []string{"--bootstrap"}}},
 		}}, podAgent{}},
+		// An injected pod: its agent is the injected container, whatever the pod says.
+		{"injected", injected(annotated("15000")), podAgent{Port: 15000}},
+		{"injected, the pod's own annotation names its app", injected(annotated("8080")), podAgent{Port: 15000}},
+		{"injected, annotation edited to a bad value", injected(annotated("ctl")), podAgent{Port: 15000}},
+		{"injected, the app names a port apportion-ctl", injected(metav1.ObjectMeta{}, corev1.Container{Name: "web", Ports: appCtl}), podAgent{Port: 15000}},
+		{"injected, both", injected(annotated("8080"), corev1.Container{Name: "web", Ports: appCtl}), podAgent{Port: 15000}},
+		{"a hand-written apportion-agent container wins over the annotation", corev1.Pod{ObjectMeta: annotated("8080"),
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Ports: appCtl}, {Name: apportionv1.AgentContainerName, Ports: ctl}}}}, podAgent{Port: 15000}},
+		{"an apportion-agent without a named port: the annotation", corev1.Pod{ObjectMeta: annotated("15100"),
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Ports: appCtl}, {Name: apportionv1.AgentContainerName}}}}, podAgent{Port: 15100}},
+		{"an apportion-agent plain init container is not looked at", corev1.Pod{ObjectMeta: annotated("15100"),
+			Spec: corev1.PodSpec{InitContainers: []corev1.Container{{Name: apportionv1.AgentContainerName, Ports: ctl}}}}, podAgent{Port: 15100}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := agentOf(&tc.pod); got != tc.want {
 				t.Fatalf("agentOf = %+v, want %+v", got, tc.want)
+			}
+			// The manager reads pods from its cache: the stripped pod must say the same.
+			stripped, err := StripPod(tc.pod.DeepCopy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := agentOf(stripped.(*corev1.Pod)); got != tc.want {
+				t.Fatalf("agentOf(StripPod) = %+v, want %+v", got, tc.want)
 			}
 		})
 	}

@@ -16,7 +16,8 @@ import (
 // must be counted too, so no label or namespace selector would be safe) but keeps of each only
 // the fields the manager reads: at thousands of pods the cached objects are a large part of the
 // manager's live heap, and what it does not keep it neither holds nor copies on every List.
-// The trust ConfigMaps are the only ConfigMaps cached (TrustCacheOptions). Every other kind
+// The trust ConfigMaps are the only ConfigMaps cached, selected by name (TrustCacheOptions: the
+// manager's RBAC lists and watches no other ConfigMap). Every other kind
 // (DownstreamQuotas, DegradeRules, the trust ConfigMaps) is kept whole but for its managed fields
 // (nothing reads them): the manager writes those objects back, a quota's status by a merge
 // patch computed from the cached copy and a ConfigMap by an update.
@@ -66,12 +67,13 @@ func strippedMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 }
 
 // StripPod keeps of a Pod what the manager reads (see CacheOptions): its metadata with every
-// label and only the agent-port annotation; of its containers and native sidecars only those
-// that carry a --bootstrap flag or, unless the annotation names a valid port (which wins, and
-// which the injector always sets), an agent control port, each with only its name, restart
-// policy, those ports and those flags (agentOf looks at nothing else, and never at other init containers); its phase
-// and pod IP. Anything else passes unchanged (a tombstone is never handed to a transform).
-// Stripping a stripped pod changes nothing.
+// label and only the agent-port annotation; of its containers and native sidecars (agentOf looks
+// at nothing else, and never at other init containers) only those that carry a --bootstrap flag
+// or an agent control port agentOf may use — the apportion-agent container's always, another's
+// only while the annotation names no valid port (which then wins over it) — each with only its
+// name, restart policy, those ports and those flags; its phase and pod IP. Anything else passes
+// unchanged (a tombstone is never handed to a transform). Stripping a stripped pod changes
+// nothing.
 func StripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -82,17 +84,17 @@ func StripPod(obj any) (any, error) {
 	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
 		out.Annotations = map[string]string{apportionv1.AgentPortAnnotation: v}
 	}
-	// A port in the annotation wins over every named port (agentOf): then only the flags matter.
-	ports := annotatedPort(p) == 0
-	out.Spec.Containers = agentContainers(p.Spec.Containers, ports, func(*corev1.Container) bool { return true })
-	out.Spec.InitContainers = agentContainers(p.Spec.InitContainers, ports, isNativeSidecar)
+	annotated := annotatedPort(p) != 0
+	out.Spec.Containers = agentContainers(p.Spec.Containers, annotated, func(*corev1.Container) bool { return true })
+	out.Spec.InitContainers = agentContainers(p.Spec.InitContainers, annotated, isNativeSidecar)
 	out.Status.Phase, out.Status.PodIP = p.Status.Phase, p.Status.PodIP
 	return out, nil
 }
 
 // agentContainers is the containers of cs that agentOf may look at (looked) and that carry an
-// agent port (when ports) or a --bootstrap flag, reduced to those; nil when none does.
-func agentContainers(cs []corev1.Container, ports bool, looked func(*corev1.Container) bool) []corev1.Container {
+// agent port it may use or a --bootstrap flag, reduced to those; nil when none does. Only the
+// apportion-agent container's ports are kept when the pod's annotation names a port (annotated).
+func agentContainers(cs []corev1.Container, annotated bool, looked func(*corev1.Container) bool) []corev1.Container {
 	var out []corev1.Container
 	for i := range cs {
 		c := &cs[i]
@@ -100,6 +102,7 @@ func agentContainers(cs []corev1.Container, ports bool, looked func(*corev1.Cont
 			continue
 		}
 		k := corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy}
+		ports := !annotated || c.Name == apportionv1.AgentContainerName
 		for _, cp := range c.Ports {
 			if ports && isAgentPort(cp) {
 				k.Ports = append(k.Ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort})

@@ -68,6 +68,7 @@ func TestStripFieldsAreRead(t *testing.T) {
 		"pod metadata.labels":            pod(func(p *corev1.Pod) { p.Labels = nil }),
 		"pod agent-port annotation":      pod(func(p *corev1.Pod) { p.Annotations = nil }),
 		"pod container ports":            pod(func(p *corev1.Pod) { forContainers(p, func(c *corev1.Container) { c.Ports = nil }) }),
+		"pod container name":             pod(func(p *corev1.Pod) { forContainers(p, func(c *corev1.Container) { c.Name = "" }) }),
 		"pod container command":          pod(func(p *corev1.Pod) { forContainers(p, func(c *corev1.Container) { c.Command = nil }) }),
 		"pod container args":             pod(func(p *corev1.Pod) { forContainers(p, func(c *corev1.Container) { c.Args = nil }) }),
 		"pod init container restartPolicy": pod(func(p *corev1.Pod) {
@@ -506,6 +507,9 @@ func randomMoment(seed int64, moment int64) *world {
 // randomAgentBits draws a container's ports and words from sets that may or may not make it an
 // agent.
 func randomAgentBits(rng *rand.Rand, c *corev1.Container) {
+	if rng.Intn(3) == 0 {
+		c.Name = apportionv1.AgentContainerName // the injected (or a hand-written) agent's name
+	}
 	names := []string{apportionv1.AgentPortName, apportionv1.AgentPortName, "http", ""}
 	for i := range c.Ports {
 		c.Ports[i].Name = names[rng.Intn(len(names))]

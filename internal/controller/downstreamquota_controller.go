@@ -3,10 +3,7 @@ package controller
 import (
 	"cmp"
 	"context"
-	"fmt"
-	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -410,95 +407,6 @@ func mayCall(p *corev1.Pod) bool {
 	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// podAgent is what a pod's spec says about its Apportion agent.
-type podAgent struct {
-	// Port is the agent's control port; 0 when the pod has none the manager can find.
-	Port int
-	// Bootstrap is true when an agent container runs with a --bootstrap flag.
-	Bootstrap bool
-}
-
-// agentOf is the one place that finds a pod's agent: the port of the apportion.io/agent-port
-// annotation, else the container port named apportion-ctl, looked for in the pod's containers
-// and in its native sidecars (init containers with restartPolicy Always, where an injected agent
-// runs); a --bootstrap flag in the command or arguments of any of those containers. An
-// annotation that is not a port number is ignored (the named port, if any, is used).
-func agentOf(p *corev1.Pod) podAgent {
-	a := podAgent{Port: annotatedPort(p)}
-	check := func(c *corev1.Container) {
-		for _, cp := range c.Ports {
-			if a.Port == 0 && isAgentPort(cp) {
-				a.Port = int(cp.ContainerPort)
-			}
-		}
-		for _, list := range [][]string{c.Command, c.Args} {
-			if slices.ContainsFunc(list, isBootstrapArg) {
-				a.Bootstrap = true
-			}
-		}
-	}
-	for i := range p.Spec.Containers {
-		check(&p.Spec.Containers[i])
-	}
-	for i := range p.Spec.InitContainers {
-		if c := &p.Spec.InitContainers[i]; isNativeSidecar(c) {
-			check(c)
-		}
-	}
-	return a
-}
-
-// annotatedPort is the port of the pod's apportion.io/agent-port annotation; 0 when it has none
-// or it is not a port number.
-func annotatedPort(p *corev1.Pod) int {
-	if v, ok := p.Annotations[apportionv1.AgentPortAnnotation]; ok {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 && n < 65536 {
-			return n
-		}
-	}
-	return 0
-}
-
-// isAgentPort says whether a container port is an agent's control port (named apportion-ctl).
-func isAgentPort(cp corev1.ContainerPort) bool {
-	return cp.Name == apportionv1.AgentPortName && cp.ContainerPort > 0
-}
-
-// isBootstrapArg says whether one word of a command or its arguments is the agent's --bootstrap
-// flag (-bootstrap, --bootstrap, --bootstrap=FILE), not a value that merely says bootstrap.
-func isBootstrapArg(arg string) bool {
-	flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
-	return strings.HasPrefix(arg, "-") && flag == "bootstrap"
-}
-
-// isNativeSidecar says whether an init container runs beside the app (restartPolicy Always),
-// where an injected agent runs; other init containers finish before the app starts.
-func isNativeSidecar(c *corev1.Container) bool {
-	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-}
-
-// agentEndpoint is the pod's agent control URL, or "" when the pod has no IP or no agent port.
-func agentEndpoint(p *corev1.Pod) string {
-	port := agentOf(p).Port
-	if p.Status.PodIP == "" || port == 0 {
-		return ""
-	}
-	host := p.Status.PodIP
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return fmt.Sprintf("http://%s:%d", host, port)
-}
-
-// agentBootstraps says whether the pod's agent runs with a --bootstrap flag (in its command or
-// arguments): such an agent may call on its safe default before the manager reached it, so the
-// ledger counts it at that until it answers.
-func agentBootstraps(p *corev1.Pod) bool { return agentOf(p).Bootstrap }
-
-// withoutAgent says whether the pod may be calling (it has an IP) but has no agent the manager
-// can find: it is counted at its share, and nothing enforces it.
-func withoutAgent(p *corev1.Pod) bool { return p.Status.PodIP != "" && agentOf(p).Port == 0 }
-
 // switchesFor lists the degrade switches that are in force for this quota now.
 func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apportionv1.DownstreamQuota) ([]push.TargetedSwitch, error) {
 	var rules apportionv1.DegradeRuleList
@@ -643,7 +551,7 @@ func (podChanged) Update(e event.UpdateEvent) bool {
 	a, b := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 	return !labels.Equals(a.Labels, b.Labels) || a.Status.PodIP != b.Status.PodIP ||
 		a.Status.Phase != b.Status.Phase || a.DeletionTimestamp.IsZero() != b.DeletionTimestamp.IsZero() ||
-		a.Annotations[apportionv1.AgentPortAnnotation] != b.Annotations[apportionv1.AgentPortAnnotation]
+		agentOf(a) != agentOf(b)
 }
 func (podChanged) Create(event.CreateEvent) bool   { return true }
 func (podChanged) Delete(event.DeleteEvent) bool   { return true }

@@ -14,7 +14,9 @@
 //   - the agent as a native sidecar: the first init container, named apportion-agent, with
 //     restartPolicy Always, so it starts before the app's containers (and init containers) and
 //     stops after them; control port 15000 (named apportion-ctl, also written to the pod
-//     annotation apportion.io/agent-port unless the pod sets it) and data port 15001 on
+//     annotation apportion.io/agent-port, replacing the pod's own value: the manager talks to the
+//     injected container's port and ignores the annotation of a pod that has it, so the
+//     annotation only says what is used) and data port 15001 on
 //     127.0.0.1; a startup probe on /healthz and a readiness probe on /readyz (ready once the
 //     manager granted it permits); resources from the manager's flags, overridable per pod by
 //     the annotations in ResourceAnnotations; a hardened securityContext;
@@ -48,8 +50,9 @@ const (
 	// port's name are part of the API: apportionv1.InjectionLabel, apportionv1.InjectAnnotation,
 	// apportionv1.AgentPortAnnotation and apportionv1.AgentPortName.
 
-	// AgentContainerName is the agent's container name, injected or hand-written.
-	AgentContainerName = "apportion-agent"
+	// AgentContainerName is the agent's container name, injected or hand-written
+	// (apportionv1.AgentContainerName: the manager finds the agent by it).
+	AgentContainerName = apportionv1.AgentContainerName
 	// DataPortName names the data port.
 	DataPortName = "apportion-data"
 	// ControlPort and DataPort are the agent's ports: control on the pod IP (manager, kubelet
@@ -161,9 +164,9 @@ func Mutate(pod *corev1.Pod, quotas []string, cfg Config) (bool, error) {
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
-	if _, ok := pod.Annotations[apportionv1.AgentPortAnnotation]; !ok {
-		pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(ControlPort)
-	}
+	// The manager talks to the injected container's port whatever the annotation says (a pod may
+	// edit its annotations while it runs); a value of the pod's own would only mislead a reader.
+	pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(ControlPort)
 	return true, nil
 }
 

@@ -135,8 +135,7 @@ func TestMutateTwoQuotasOneAgent(t *testing.T) {
 
 func TestMutateKeepsWhatThePodSets(t *testing.T) {
 	p := makePod("gateway-1").
-		Env(0, "APPORTION_LOGISTICS_URL", "http://mine/logistics").
-		Annotation(apportionv1.AgentPortAnnotation, "16000").Obj()
+		Env(0, "APPORTION_LOGISTICS_URL", "http://mine/logistics").Obj()
 	mustMutate(t, p, "logistics", "recommend")
 	want := []corev1.EnvVar{
 		{Name: "APPORTION_LOGISTICS_URL", Value: "http://mine/logistics"},
@@ -145,8 +144,22 @@ func TestMutateKeepsWhatThePodSets(t *testing.T) {
 	if diff := cmp.Diff(want, p.Spec.Containers[0].Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
 	}
-	if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "16000" {
-		t.Errorf("the pod's own %s was overwritten: %q", apportionv1.AgentPortAnnotation, got)
+}
+
+// A pod's own agent-port annotation does not survive injection: the manager talks to the
+// injected container's port (the controller's agentOf), and the annotation says that port, not
+// one the pod chose (its app's, say).
+func TestMutateReplacesThePodsAgentPort(t *testing.T) {
+	for _, own := range []string{"8080", "15000", "ctl"} {
+		p := makePod("gateway-1").Annotation(apportionv1.AgentPortAnnotation, own).Obj()
+		mustMutate(t, p, "logistics")
+		if got := p.Annotations[apportionv1.AgentPortAnnotation]; got != "15000" {
+			t.Errorf("the pod's own %s=%q became %q; want the injected port 15000", apportionv1.AgentPortAnnotation, own, got)
+		}
+		a := p.Spec.InitContainers[0]
+		if a.Name != apportionv1.AgentContainerName || len(a.Ports) == 0 || a.Ports[0].Name != apportionv1.AgentPortName || a.Ports[0].ContainerPort != 15000 {
+			t.Errorf("the injected agent is not the %s container with port %s 15000: %+v", apportionv1.AgentContainerName, apportionv1.AgentPortName, a)
+		}
 	}
 }
 

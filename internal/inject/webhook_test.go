@@ -116,6 +116,30 @@ var _ = Describe("Agent injection", func() {
 		Expect(cmp.Diff(p.Spec, stored.Spec)).To(BeEmpty())
 	})
 
+	It("replaces a pod's own agent-port annotation with the injected agent's port, and mounts the trust ConfigMap by its one name", func() {
+		ns := newNamespace(ctx, true)
+		d := deployment(ns, "gateway")
+		// The template points the manager at its app's port and names an app port apportion-ctl.
+		d.Spec.Template.Annotations = map[string]string{apportionv1.AgentPortAnnotation: "8080"}
+		d.Spec.Template.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: 8080}}
+		create(ctx, d, quota(ns, "logistics", "gateway"))
+
+		p := replicaSetPod(d)
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		Expect(agentOf(p)).NotTo(BeNil())
+		Expect(p.Annotations).To(HaveKeyWithValue(apportionv1.AgentPortAnnotation, "15000"))
+		Expect(agentOf(p).Ports).To(ContainElement(corev1.ContainerPort{Name: apportionv1.AgentPortName, ContainerPort: ControlPort, Protocol: corev1.ProtocolTCP}))
+		var trust *corev1.Volume
+		for i := range p.Spec.Volumes {
+			if p.Spec.Volumes[i].Name == TrustVolumeName {
+				trust = &p.Spec.Volumes[i]
+			}
+		}
+		Expect(trust).NotTo(BeNil())
+		Expect(trust.ConfigMap).NotTo(BeNil())
+		Expect(trust.ConfigMap.Name).To(Equal(apportionv1.TrustConfigMap))
+	})
+
 	It("leaves an unlabelled namespace, an opted-out pod and a pod of no target untouched", func() {
 		plain := newNamespace(ctx, false)
 		d := deployment(plain, "gateway")

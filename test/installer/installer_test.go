@@ -29,6 +29,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -376,6 +377,26 @@ func TestInstallYAMLApplies(t *testing.T) {
 		if string(secret.Data["ca.crt"]) != string(mwc.Webhooks[0].ClientConfig.CABundle) {
 			t.Error("the caBundle is not the CA of the serving certificate")
 		}
+		// The trust ConfigMap of a namespace labelled for injection: the manager lists and watches
+		// ConfigMaps by name and writes that one only (its RBAC), past the admission policy that
+		// keeps everyone else from writing it.
+		var vap admissionregistrationv1.ValidatingAdmissionPolicy
+		var vapb admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		if err := c.Get(wctx, client.ObjectKey{Name: "apportion-trust-guard"}, &vap); err != nil {
+			t.Errorf("the trust ConfigMaps' admission policy: %v", err)
+		}
+		if err := c.Get(wctx, client.ObjectKey{Name: "apportion-trust-guard"}, &vapb); err != nil || vapb.Spec.PolicyName != vap.Name {
+			t.Errorf("the trust ConfigMaps' admission policy binding (%v) binds %q", err, vapb.Spec.PolicyName)
+		}
+		app := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"apportion.io/injection": "enabled"}}}
+		if err := c.Create(wctx, app); err != nil {
+			t.Fatal(err)
+		}
+		var trust corev1.ConfigMap
+		waitFor(wctx, t, "the manager's trust ConfigMap in a labelled namespace", func() bool {
+			return c.Get(wctx, client.ObjectKey{Namespace: "shop", Name: "apportion-trust"}, &trust) == nil && len(trust.Data) > 0
+		})
+
 		// Nothing in the manager's log says it was forbidden anything.
 		if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "forbidden") {
 			t.Errorf("the manager was refused something its RBAC should grant:\n%s", b)
