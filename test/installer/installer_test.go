@@ -393,7 +393,7 @@ func TestInstallYAMLApplies(t *testing.T) {
 			t.Fatal(err)
 		}
 		var trust corev1.ConfigMap
-		waitFor(wctx, t, "the manager's trust ConfigMap in a labelled namespace", func() bool {
+		wait.ForContext(wctx, t, "the manager's trust ConfigMap in a labelled namespace", func() bool {
 			return c.Get(wctx, client.ObjectKey{Namespace: "shop", Name: "apportion-trust"}, &trust) == nil && len(trust.Data) > 0
 		})
 
