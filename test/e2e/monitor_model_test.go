@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -48,3 +49,59 @@ func TestMonitorModelsAFrozenAgentAsTheAgentFallsBack(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseTrackerSeesLapses pins how the monitor judges an agent's lease from its readings
+// (LeaseStats, asserted by TestHostileTenant), with no control plane (it runs in -short): renewals
+// on time are no lapse; a reading that says leaseExpired is one, counted once however long it
+// lasts and not again when the renewal comes; a renewal signed after the previous lease had
+// ended is one even when no reading fell in between — unless the readings were too far apart to
+// have seen every renewal; a restarted agent starts over.
+func TestLeaseTrackerSeesLapses(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	const ttl = 2 * time.Second
+	// read is a reading at t0+at of a lease signed at t0+signed (its end signed+ttl).
+	type read struct {
+		at, signed time.Duration
+		expired    bool
+		pid        int
+	}
+	for name, tc := range map[string]struct {
+		reads     []read
+		wantLapse []int // indexes of the readings that reveal a lapse
+		wantGap   time.Duration
+	}{
+		"renewed every 500ms":             {[]read{{0, 0, false, 1}, {40 * ms, 0, false, 1}, {520 * ms, 500 * ms, false, 1}, {1020 * ms, time.Second, false, 1}}, nil, 500 * ms},
+		"renewed 1.9s late, just in time": {[]read{{0, 0, false, 1}, {1960 * ms, 1900 * ms, false, 1}}, nil, 1900 * ms},
+		"caught on its safe default, then renewed": {
+			[]read{{0, 0, false, 1}, {1900 * ms, 0, false, 1}, {2100 * ms, 0, true, 1}, {2400 * ms, 0, true, 1}, {2700 * ms, 2600 * ms, false, 1}},
+			[]int{2}, 2600 * ms},
+		"renewal signed after the lease ended, between two readings": {
+			[]read{{0, 0, false, 1}, {1900 * ms, 0, false, 1}, {2200 * ms, 2100 * ms, false, 1}}, []int{2}, 2100 * ms},
+		"readings too far apart: only the flag counts": {
+			[]read{{0, 0, false, 1}, {2500 * ms, 2400 * ms, false, 1}}, nil, 2400 * ms},
+		"a restarted agent starts over": {
+			[]read{{0, 0, false, 1}, {40 * ms, 0, false, 1}, {3000 * ms, 2900 * ms, false, 2}, {3040 * ms, 2900 * ms, false, 2}}, nil, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			lt := &harness.LeaseTracker{TTL: ttl}
+			var lapses []int
+			var gap time.Duration
+			for i, r := range tc.reads {
+				ev := lt.Observe(harness.Reading{At: t0.Add(r.at), Pid: r.pid,
+					State: assignment.State{LeaseExpiresAt: t0.Add(r.signed + ttl), LeaseExpired: r.expired}})
+				if !ev.Leased || ev.Left != r.signed+ttl-r.at {
+					t.Errorf("reading %d: %+v, want leased with %s left", i, ev, r.signed+ttl-r.at)
+				}
+				if ev.Lapse != "" {
+					lapses = append(lapses, i)
+				}
+				gap = max(gap, ev.Gap)
+			}
+			if !slices.Equal(lapses, tc.wantLapse) || gap != tc.wantGap {
+				t.Errorf("lapses at readings %v, worst gap %s; want %v and %s", lapses, gap, tc.wantLapse, tc.wantGap)
+			}
+		})
+	}
+}
+
+const ms = time.Millisecond

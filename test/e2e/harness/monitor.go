@@ -42,6 +42,10 @@ type MonitorConfig struct {
 	Ledger func(ctx context.Context) (LedgerReading, error)
 	// KeepHistory keeps every sample (Samples()).
 	KeepHistory bool
+	// LeaseTTL is the agents' lease length (the manager's --lease-ttl). With it the monitor also
+	// sees a lapse that began and ended between two readings (LeaseStats); zero counts only the
+	// lapses a reading caught.
+	LeaseTTL time.Duration
 }
 
 // Reading is one agent's last answer.
@@ -99,6 +103,106 @@ type MonitorStats struct {
 	MaxLedger                                 int32
 	Downstream                                DownstreamStats
 	Violations                                []Violation
+	// Leases is what the agents' States said of their leases.
+	Leases LeaseStats
+}
+
+// LeaseStats is what the agents' States said of their leases, counted only while an agent's pod
+// is not being shut down (a draining agent is renewed no more). An agent's lease ends its
+// leaseTTL after the push that started or renewed it was signed (leaseExpiresAt); when it ends
+// without a renewal the agent falls back to its safe default (leaseExpired) — a lapse.
+type LeaseStats struct {
+	// Agents is how many agent processes were seen holding a lease.
+	Agents int
+	// Renewals counts the extensions seen: a reading whose leaseExpiresAt moved later.
+	Renewals int64
+	// Lapses counts the lapses seen: a reading that says leaseExpired, or (with
+	// MonitorConfig.LeaseTTL) an extension signed after the previous lease had ended, seen by
+	// readings less than a second apart. Lapsed describes the first 20.
+	Lapses int
+	Lapsed []string
+	// WorstGap is the longest time between two renewals of one agent's lease seen (the
+	// difference of consecutive leaseExpiresAt: of the renewals' signing times), and WorstGapPod
+	// its agent. A renewal missed between two readings makes it look longer, never shorter.
+	WorstGap    time.Duration
+	WorstGapPod string
+	// MinLeft is the least lease left at a reading (leaseExpiresAt − the reading's time), and
+	// MinLeftPod its agent; negative when a reading came after a lease's end.
+	MinLeft    time.Duration
+	MinLeftPod string
+}
+
+func (l LeaseStats) String() string {
+	s := fmt.Sprintf("leases: %d agents, %d renewals seen, worst renewal gap %s (%s), least lease left %s (%s), %d lapses",
+		l.Agents, l.Renewals, l.WorstGap.Round(time.Millisecond), l.WorstGapPod, l.MinLeft.Round(time.Millisecond), l.MinLeftPod, l.Lapses)
+	if len(l.Lapsed) > 0 {
+		s += ": " + strings.Join(l.Lapsed, "; ")
+	}
+	return s
+}
+
+// LeaseTracker follows one agent process's lease through its readings, in order.
+type LeaseTracker struct {
+	// TTL is the leases' length; zero infers no lapse between readings.
+	TTL time.Duration
+
+	pid     int
+	exp     time.Time // leaseExpiresAt of the last reading (zero: none seen)
+	readAt  time.Time // time of the last reading
+	expired bool      // the last reading said leaseExpired
+	leased  bool      // a lease was seen
+}
+
+// LeaseEvent is what one reading showed of a lease.
+type LeaseEvent struct {
+	// First: the first reading of this process that holds a lease.
+	First bool
+	// Leased: the reading holds a lease; Left is how much of it was left at the reading.
+	Leased bool
+	Left   time.Duration
+	// Renewed: the lease was extended since the previous reading, by Gap (the time between the
+	// renewals' signatures).
+	Renewed bool
+	Gap     time.Duration
+	// Lapse describes a lapse this reading revealed ("" if none): the reading says
+	// leaseExpired and the previous one did not, or the renewal it shows was signed after the
+	// previous lease had ended while the readings were less than ReadGapForLapses apart (longer,
+	// renewals between them may have gone unseen). One lapse is reported once.
+	Lapse string
+}
+
+// ReadGapForLapses is the longest time between two readings across which a lapse is inferred
+// from leaseExpiresAt alone.
+const ReadGapForLapses = time.Second
+
+// Observe takes the next reading of the agent; a reading of another process (pid) starts over.
+func (lt *LeaseTracker) Observe(r Reading) LeaseEvent {
+	if lt.pid != r.Pid {
+		*lt = LeaseTracker{TTL: lt.TTL, pid: r.Pid}
+	}
+	st := &r.State
+	exp := st.LeaseExpiresAt
+	prevExp, prevRead, prevExpired := lt.exp, lt.readAt, lt.expired
+	lt.readAt, lt.expired = r.At, st.LeaseExpired
+	if exp.IsZero() {
+		return LeaseEvent{} // no lease yet: the first assignment has not come
+	}
+	lt.exp = exp
+	ev := LeaseEvent{First: !lt.leased, Leased: true, Left: exp.Sub(r.At)}
+	lt.leased = true
+	if !prevExp.IsZero() && exp.After(prevExp) {
+		ev.Renewed, ev.Gap = true, exp.Sub(prevExp)
+		// The renewal was signed at exp − TTL and arrived no earlier: signed after prevExp, the
+		// agent had no lease in between (unless a reading already caught that lapse).
+		signed := exp.Add(-lt.TTL)
+		if lt.TTL > 0 && !prevExpired && r.At.Sub(prevRead) < ReadGapForLapses && signed.After(prevExp) {
+			ev.Lapse = fmt.Sprintf("lease ended %s, renewal signed %s later", prevExp.Format("15:04:05.000"), signed.Sub(prevExp).Round(time.Millisecond))
+		}
+	}
+	if st.LeaseExpired && !prevExpired && ev.Lapse == "" {
+		ev.Lapse = fmt.Sprintf("on its safe default at %s (lease ended %s)", r.At.Format("15:04:05.000"), exp.Format("15:04:05.000"))
+	}
+	return ev
 }
 
 // Hz is the achieved sampling rate.
@@ -130,6 +234,9 @@ func (s MonitorStats) String() string {
 	fmt.Fprintf(&b, "violations: Σ permits %d confirmed (%d raw), Σ in-flight %d confirmed (%d raw), ledger %d of %d samples (max %d; %d over while recovering)\n",
 		s.PermitViolations, s.RawPermitViolations, s.InFlightViolations, s.RawInFlightViolations, s.LedgerViolations, s.LedgerSamples, s.MaxLedger, s.LedgerOverRecovering)
 	fmt.Fprintf(&b, "downstream: peak=%d/%d 429=%d calls=%d ok=%d", s.Downstream.Peak, s.Downstream.Limit, s.Downstream.TooMany429, s.Downstream.Total, s.Downstream.OK)
+	if s.Leases.Agents > 0 {
+		b.WriteString("\n" + s.Leases.String())
+	}
 	for i, v := range s.Violations {
 		if i == 10 {
 			fmt.Fprintf(&b, "\n  ... %d more", len(s.Violations)-10)
@@ -165,6 +272,8 @@ type poller struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	reading *Reading
+	// lease is touched by the poller's goroutine only.
+	lease LeaseTracker
 }
 
 // StartMonitor starts sampling.
@@ -216,6 +325,7 @@ func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 			p.mu.Lock()
 			p.reading = r
 			p.mu.Unlock()
+			m.observeLease(a, p, r)
 		} else if ctx.Err() == nil {
 			var se *assignment.StatusError
 			if errors.As(err, &se) && (se.StatusCode == 401 || se.StatusCode == 403) {
@@ -228,6 +338,40 @@ func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// observeLease follows the lease of a's process through its readings (LeaseStats); a draining
+// agent is renewed no more, and not followed.
+func (m *Monitor) observeLease(a *Agent, p *poller, r *Reading) {
+	if a.Draining() {
+		return
+	}
+	p.lease.TTL = m.cfg.LeaseTTL
+	ev := p.lease.Observe(*r)
+	if !ev.Leased {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ls := &m.stats.Leases
+	if ev.First {
+		ls.Agents++
+	}
+	if ls.MinLeftPod == "" || ev.Left < ls.MinLeft {
+		ls.MinLeft, ls.MinLeftPod = ev.Left, a.Pod
+	}
+	if ev.Renewed {
+		ls.Renewals++
+		if ev.Gap > ls.WorstGap {
+			ls.WorstGap, ls.WorstGapPod = ev.Gap, a.Pod
+		}
+	}
+	if ev.Lapse != "" {
+		ls.Lapses++
+		if len(ls.Lapsed) < 20 {
+			ls.Lapsed = append(ls.Lapsed, a.Pod+": "+ev.Lapse)
 		}
 	}
 }
@@ -427,6 +571,7 @@ func (m *Monitor) Stats() MonitorStats {
 	defer m.mu.Unlock()
 	s := m.stats
 	s.Violations = append([]Violation(nil), s.Violations...)
+	s.Leases.Lapsed = append([]string(nil), s.Leases.Lapsed...)
 	end := time.Now()
 	if m.stopped {
 		end = m.stopTime

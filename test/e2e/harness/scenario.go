@@ -52,6 +52,10 @@ type ScenarioConfig struct {
 	// Manager timings (defaults 2s, 500ms, 500ms) and extra flags.
 	LeaseTTL, RenewEvery, PushTimeout time.Duration
 	ManagerArgs                       []string
+	// AllNamespaces runs the manager without --namespace: it serves every namespace, as one
+	// manager does for a whole cluster — for a scenario with a second namespace of its own
+	// (the package's tests run one at a time, and each deletes its quotas when it ends).
+	AllNamespaces bool
 	// AcquireTimeout and RequestTimeout of the quota (200ms, 1s).
 	AcquireTimeout, RequestTimeout time.Duration
 	// WorkersPerAgent of the load (default 6; no load with NoLoad).
@@ -167,8 +171,12 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
 		return nil, err
 	}
+	watch := cfg.Namespace
+	if cfg.AllNamespaces {
+		watch = ""
+	}
 	if s.Manager, err = NewManager(e.Bin, e.CP, s.Dir, ManagerOptions{
-		Namespace: cfg.Namespace, LeaseTTL: cfg.LeaseTTL, RenewEvery: cfg.RenewEvery, PushTimeout: cfg.PushTimeout,
+		Namespace: watch, LeaseTTL: cfg.LeaseTTL, RenewEvery: cfg.RenewEvery, PushTimeout: cfg.PushTimeout,
 		ExtraArgs: cfg.ManagerArgs,
 	}); err != nil {
 		return nil, err
@@ -229,7 +237,7 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		if s.Monitor, err = StartMonitor(s.ctx, MonitorConfig{
 			Source: s.Workload, Downstream: s.Cfg.Quota, Limit: cfg.Limit, Hz: cfg.MonitorHz, Key: s.Keys.Key,
 			SafeDefault: func() int32 { return s.safeDefault.Load() }, RequestTimeout: cfg.RequestTimeout,
-			FailClosed: s.failClosed.Load, DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory,
+			FailClosed: s.failClosed.Load, DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory, LeaseTTL: cfg.LeaseTTL,
 		}); err != nil {
 			return nil, err
 		}
