@@ -245,8 +245,15 @@ type TargetStatus struct {
 	// hpa is the HPA's view, when an HPA scales the workload.
 	// +optional
 	HPA *HPAStatus `json:"hpa,omitempty"`
-	// permitsPerPod is each pod's share.
+	// permitsPerPod is each pod's share rounded down: every pod gets at least this, and
+	// extraPermits of them one more.
 	PermitsPerPod int32 `json:"permitsPerPod"`
+	// extraPermits is how many of the target's replicas get permitsPerPod + 1: the permits that
+	// rounding down leaves over, so that the targets together are assigned the whole budget.
+	// Which pods get them rotates every few minutes; pods that exist get them first (a replica
+	// whose pod does not exist yet holds one only when every pod of the target already has one).
+	// +optional
+	ExtraPermits int32 `json:"extraPermits,omitempty"`
 	// safeDefaultPermits is what one pod of this target may use with no valid assignment:
 	// its weighted share of maxInFlight × factor over every target's safeDefaultReplicas.
 	SafeDefaultPermits int32 `json:"safeDefaultPermits"`
@@ -332,10 +339,12 @@ type DownstreamQuotaStatus struct {
 	// pods is the replica count summed over targets.
 	// +optional
 	Pods int32 `json:"pods"`
-	// perPod is each target's permits per pod, comma-separated in spec order.
+	// perPod is each target's permits per pod, comma-separated in spec order: "5", or "2-3" when
+	// some of the target's pods get one more (targets[].extraPermits).
 	// +optional
 	PerPod string `json:"perPod,omitempty"`
-	// assigned is the permits assigned across all pods: Σ replicas × permitsPerPod ≤ maxInFlight.
+	// assigned is the permits assigned across all pods, Σ replicas × permitsPerPod + extraPermits:
+	// the whole of maxInFlight × safetyFactorPercent whenever some replica is counted.
 	// +optional
 	Assigned int32 `json:"assigned"`
 	// safeDefaultPermits is what one weight-1 pod may use with no valid assignment:
@@ -375,7 +384,7 @@ type DownstreamQuotaStatus struct {
 // +kubebuilder:resource:shortName=dq,categories=apportion
 // +kubebuilder:printcolumn:name="GLOBAL",type=integer,JSONPath=`.spec.maxInFlight`,description="Global in-flight limit of the downstream"
 // +kubebuilder:printcolumn:name="PODS",type=integer,JSONPath=`.status.pods`,description="Pods counted across targets (errs high)"
-// +kubebuilder:printcolumn:name="PER-POD",type=string,JSONPath=`.status.perPod`,description="Permits per pod, per target"
+// +kubebuilder:printcolumn:name="PER-POD",type=string,JSONPath=`.status.perPod`,description="Permits per pod, per target (low-high when the remainder gives some pods one more)"
 // +kubebuilder:printcolumn:name="ASSIGNED",type=integer,JSONPath=`.status.assigned`,description="Permits assigned across all pods"
 // +kubebuilder:printcolumn:name="READY",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Apportioned and pushed"
 // +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`,description="Time since creation"

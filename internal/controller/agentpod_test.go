@@ -120,7 +120,7 @@ func TestComputeStatusPodsWithoutAgent(t *testing.T) {
 	}
 	pods = append(pods, *builders.MakePod("gateway-pending", "").Obj()) // no IP: not calling
 	obs := []targetObservation{{Target: target, Found: true, SpecReplicas: 15, Pods: pods}}
-	split := splitFor(dq, obs)
+	split := splitFor(dq, obs, 0)
 	now := metav1.Now()
 	cond := func(st apportionv1.DownstreamQuotaStatus, typ string) metav1.Condition {
 		c := meta.FindStatusCondition(st.Conditions, typ)
@@ -155,7 +155,7 @@ func TestComputeStatusPodsWithoutAgent(t *testing.T) {
 
 	obs[0].Pods = pods[:2]
 	obs[0].SpecReplicas = 2
-	st = computeStatus(dq, obs, splitFor(dq, obs), &push.Report{Converged: true}, now)
+	st = computeStatus(dq, obs, splitFor(dq, obs, 0), &push.Report{Converged: true}, now)
 	for _, typ := range []string{apportionv1.ConditionPodsReachable, apportionv1.ConditionReady} {
 		if c := cond(st, typ); c.Status != metav1.ConditionTrue {
 			t.Fatalf("%s with every agent = %+v", typ, c)

@@ -341,7 +341,7 @@ func (w *world) read(t *testing.T) readings {
 		out.Observed = append(out.Observed, fmt.Sprintf("found=%v spec=%d hpa=%+v replicas=%d max=%d",
 			o.Found, o.SpecReplicas, o.HPA, o.replicas(), o.maxReplicas()))
 	}
-	split := splitFor(dq, obs)
+	split := splitFor(dq, obs, 0)
 	out.Desired = desiredQuota(dq, obs, split, nil)
 	out.Status = computeStatus(dq, obs, split, nil, metav1.NewTime(time.Unix(1e9, 0)))
 	for _, tg := range []apportionv1.Target{{Kind: apportionv1.KindDeployment, Name: "app"}, {Kind: apportionv1.KindStatefulSet, Name: "db"}} {

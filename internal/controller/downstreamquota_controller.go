@@ -97,6 +97,10 @@ type DownstreamQuotaReconciler struct {
 	DemandTau     time.Duration
 	Damping       func(budget int64) demand.Damping
 	sharing       sync.Map
+
+	// RemainderRotation is how often the permits left by rounding move to other pods
+	// (downstreamquota_sharing.go; 0: DefaultRemainderRotation; negative: never).
+	RemainderRotation time.Duration
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -143,7 +147,8 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		}
 		obs[i] = o
 	}
-	split := splitFor(&dq, obs)
+	rot := r.rotation(&dq)
+	split := splitFor(&dq, obs, rot.Counter)
 
 	var switches []push.TargetedSwitch
 	if r.Pusher != nil {
@@ -203,8 +208,9 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
 		}
 	}
-	// A DemandAware quota is looked at again every sharing period, even when nothing changed.
-	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq)}
+	// A DemandAware quota is looked at again every sharing period, even when nothing changed, and
+	// a split with a remainder when its rotation counter advances.
+	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq, split, rot)}
 	update := quotaStatusUpdate{UID: dq.UID, Status: status, Events: events}
 	if r.writer != nil {
 		// The writer writes it — unless the quota already has it — and records the Events after;
@@ -345,13 +351,27 @@ func targetsFor(obs []targetObservation) []apportion.Target {
 	ts := make([]apportion.Target, len(obs))
 	for i, o := range obs {
 		ts[i] = apportion.Target{Weight: weightOf(o.Target), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
+		for j := range o.Pods {
+			if takesRemainder(&o.Pods[j]) {
+				ts[i].Pods = append(ts[i].Pods, podIdentity(o.Pods[j].UID, o.Pods[j].Name))
+			}
+		}
 	}
 	return ts
 }
 
-// splitFor splits the quota's in-flight limit among the observed targets.
-func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) apportion.Result {
-	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs))
+// takesRemainder says whether a pod may get a permit of the remainder: not a terminating one,
+// which the push engine grants nothing anyway; its slot keeps its floor.
+func takesRemainder(p *corev1.Pod) bool { return p.DeletionTimestamp == nil }
+
+// podIdentity is what ranks a pod for the remainder: its UID (a pod created again under the
+// same name is another pod), its name where it has none (tests).
+func podIdentity(uid types.UID, name string) string { return cmp.Or(string(uid), name) }
+
+// splitFor splits the quota's in-flight limit among the observed targets, the remainder handed
+// out at rotation counter rotation.
+func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation, rotation uint64) apportion.Result {
+	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs), rotation)
 }
 
 // rateSplitFor splits the quota's rate contract among the observed targets like splitFor splits
@@ -382,13 +402,19 @@ func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 		if rates != nil {
 			rate = rates.PerPod[i]
 		}
+		k := 0 // o.Pods index among the pods that take a remainder: split.Permits[i]'s order
 		for _, p := range o.Pods {
+			permits := split.PerPod[i]
+			if takesRemainder(&p) {
+				permits = split.Permits[i][k]
+				k++
+			}
 			d.Pods = append(d.Pods, push.DesiredPod{
 				Name:          p.Name,
 				UID:           p.UID,
 				Target:        o.Target.Name,
 				Endpoint:      agentEndpoint(&p),
-				Permits:       int32(split.PerPod[i]),
+				Permits:       int32(permits),
 				SafeDefault:   int32(split.SafeDefault[i]),
 				RatePerSecond: rate.PerSecond,
 				RateBurst:     int32(rate.Burst),

@@ -138,7 +138,9 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("logistics", ns).Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "logistics")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{3, 13})),
-			HaveField("Status.Assigned", BeEquivalentTo(39)),
+			HaveField("Status.Targets", ConsistOf(HaveField("ExtraPermits", BeEquivalentTo(1)))), // 13 + 13 + 14
+			HaveField("Status.PerPod", "13-14"),
+			HaveField("Status.Assigned", BeEquivalentTo(40)),
 			HaveField("Status.SafeDefaultPermits", BeEquivalentTo(13)),
 		))
 	})
@@ -257,12 +259,14 @@ var _ = Describe("DownstreamQuota apportioning", func() {
 		))
 	})
 
-	It("assigns nothing above the quota when there are more pods than permits", func() {
+	It("assigns nothing above the quota when there are more pods than permits: one each while they last", func() {
 		Expect(k8sClient.Create(ctx, builders.MakeDeployment("gateway", ns).Replicas(12).Obj())).To(Succeed())
 		Expect(k8sClient.Create(ctx, builders.MakeDownstreamQuota("tiny", ns).Limit(10).Target(apportionv1.KindDeployment, "gateway").Obj())).To(Succeed())
 		Eventually(getQuota(ctx, ns, "tiny")).Should(SatisfyAll(
 			WithTransform(perPod(0), Equal([]int32{12, 0})),
-			HaveField("Status.Assigned", BeEquivalentTo(0)),
+			HaveField("Status.Targets", ConsistOf(HaveField("ExtraPermits", BeEquivalentTo(8)))), // 8 pods 1, 4 pods 0
+			HaveField("Status.PerPod", "0-1"),
+			HaveField("Status.Assigned", BeEquivalentTo(8)),
 			WithTransform(condition(apportionv1.ConditionOversubscribed), SatisfyAll(HavePrefix("True"), ContainSubstring("at most 8 fit"))),
 			WithTransform(condition(apportionv1.ConditionReady), HavePrefix("False")),
 		))

@@ -38,7 +38,35 @@ const (
 	DefaultDemandTau = 6 * time.Second
 	// lanesStatusPeriod is how often a quota with lanes but Equal sharing refreshes lane status.
 	lanesStatusPeriod = 10 * time.Second
+	// DefaultRemainderRotation is how often the permits rounding leaves over (the remainder of
+	// the split, package apportion) move to other pods. Slow, because each move is a push to
+	// every pod that loses or gains one, and a raise may wait for a lowering to be acknowledged;
+	// fast enough that no pod holds one more for long: at 16 pods and 40 permits, 8 pods hold 3
+	// and 8 hold 2, each pod 3 for half of the periods on average, drawn anew every 5 minutes.
+	DefaultRemainderRotation = 5 * time.Minute
 )
+
+// remainderRotation is a quota's rotation counter at a reconcile (apportion.Rotation).
+type remainderRotation struct {
+	Counter uint64
+	// Now is when it was read; Next when the counter advances (zero: never).
+	Now, Next time.Time
+}
+
+// rotation is the quota's remainder rotation counter now. It follows the wall clock, with a phase
+// of the quota's own (its UID): a manager that takes over computes the same counter and so the
+// same split, a reconcile within one period changes nothing, and the quotas of a manager do not
+// all rotate — and push — at once. A counter per quota generation would leave a quota nobody edits
+// favouring the same pods forever; one per reconcile would push on every reconcile.
+func (r *DownstreamQuotaReconciler) rotation(dq *apportionv1.DownstreamQuota) remainderRotation {
+	period := r.RemainderRotation
+	if period == 0 {
+		period = DefaultRemainderRotation
+	}
+	rot := remainderRotation{Now: r.Clock.Now()}
+	rot.Counter, rot.Next = apportion.Rotation(rot.Now, period, string(dq.UID))
+	return rot
+}
 
 // lanesFor is the quota's lanes on the wire (nil without lanes).
 func lanesFor(dq *apportionv1.DownstreamQuota) []assignment.Lane {
@@ -98,8 +126,23 @@ func (r *DownstreamQuotaReconciler) sharingParams() sharingParams {
 }
 
 // requeueFor is when a quota is reconciled again without any change: DemandAware quotas every
-// sharing period (their demand is sampled then), quotas with lanes to refresh the lanes' status.
-func (r *DownstreamQuotaReconciler) requeueFor(dq *apportionv1.DownstreamQuota) time.Duration {
+// sharing period (their demand is sampled then), quotas with lanes to refresh the lanes' status,
+// and a split with a remainder when its rotation counter advances, whichever comes first.
+func (r *DownstreamQuotaReconciler) requeueFor(dq *apportionv1.DownstreamQuota, split apportion.Result, rot remainderRotation) time.Duration {
+	d := r.periodicRequeue(dq)
+	for _, e := range split.Extra {
+		if e > 0 && !rot.Next.IsZero() {
+			if untilNext := rot.Next.Sub(rot.Now); d == 0 || untilNext < d {
+				d = max(untilNext, time.Millisecond)
+			}
+			break
+		}
+	}
+	return d
+}
+
+// periodicRequeue is the requeue of DemandAware quotas and quotas with lanes (requeueFor).
+func (r *DownstreamQuotaReconciler) periodicRequeue(dq *apportionv1.DownstreamQuota) time.Duration {
 	switch {
 	case r.Pusher == nil:
 		return 0
@@ -131,11 +174,15 @@ type shareResult struct {
 }
 
 // decideShares sets the Permits of d's live pods by demand (package demand): the budget, less
-// the Equal share of every pod the targets expect but that does not exist yet (a pending
+// the Equal floor of every pod the targets expect but that does not exist yet (a pending
 // scale-out), plus, with lendHeadroom and nothing pending, the scale-out headroom; each pod's
 // demand sampled from the report (in flight + waiting + refused for lack of a permit since the
-// last sample) and smoothed; the damped step towards the target split. Terminating pods keep
-// the Equal share in d (the engine grants them 0 anyway) and are forgotten.
+// last sample) and smoothed; the damped step towards the target split, whose units left by
+// rounding go, within a group of pods that ask alike, to the pods ranked first at the split's
+// rotation counter (the Equal split's ranks: equal demand gives the Equal split). Terminating
+// pods keep the Equal share in d (the engine grants them 0 anyway) and are forgotten. The Equal
+// shares in d may differ by one between pods (the remainder); nothing here assumes they are
+// equal, and the budget is the same whatever they are.
 func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, report *push.Report,
 	d *push.DesiredQuota, mem *sharingMemory, p sharingParams, now time.Time) shareResult {
 	mem.mu.Lock()
@@ -209,6 +256,7 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 	fresh := len(mem.shares) == 0
 	dem := make([]int64, len(live))
 	cur := make([]int64, len(live))
+	rank := make([]uint64, len(live))
 	for j, i := range live {
 		name := d.Pods[i].Name
 		prev, ok := mem.level[name]
@@ -217,12 +265,13 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 		}
 		mem.level[name] = demand.Quantize(prev, mem.demand[name], demand.DemandBand)
 		dem[j] = mem.level[name]
+		rank[j] = apportion.Rank(podIdentity(d.Pods[i].UID, name), split.Rotation)
 		cur[j] = mem.shares[d.Pods[i].Name]
 		if fresh {
 			cur[j] = int64(d.Pods[i].Permits)
 		}
 	}
-	target := demand.Target(budget, floor, dem)
+	target := demand.Target(budget, floor, dem, rank)
 	next, damped := demand.Step(budget, floor, cur, target, p.Damping(budget), now, mem.lastMove)
 	if damped {
 		mem.lastMove = now

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/apportion/apportion/internal/testing/builders"
+	"maps"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ func newShareRig(limit, factor int32, pods int, lend bool) *shareRig {
 
 // round runs one decision, sampling every 2 s, and returns the shares by pod.
 func (r *shareRig) round() (map[string]int32, shareResult) {
-	split := splitFor(r.dq, r.obs)
+	split := splitFor(r.dq, r.obs, 0)
 	d := desiredQuota(r.dq, r.obs, split, nil)
 	rep := &push.Report{}
 	for _, p := range d.Pods {
@@ -150,6 +151,39 @@ func TestDecideSharesOddBudget(t *testing.T) {
 		if got := shares[fmt.Sprintf("p%02d", i)]; got != want {
 			t.Fatalf("pod %d: share %d, want %d (%v)", i, got, want, shares)
 		}
+	}
+}
+
+// 16 pods and a budget of 40: the Equal split gives 8 pods 3 and 8 pods 2. Turning DemandAware on
+// with every pod asking alike keeps exactly that split (the same ranks break the tie), so the
+// switch moves nothing; a pending scale-out keeps the floor of the missing pods free, whatever
+// the uneven shares the pods held.
+func TestDecideSharesUnevenEqualShares(t *testing.T) {
+	r := newShareRig(50, 80, 16, false)
+	d := desiredQuota(r.dq, r.obs, splitFor(r.dq, r.obs, 0), nil)
+	equal := map[string]int32{}
+	var sum int32
+	for _, p := range d.Pods {
+		equal[p.Name] = p.Permits
+		sum += p.Permits
+	}
+	if sum != 40 {
+		t.Fatalf("Equal: Σ %d, want 40: %v", sum, equal)
+	}
+	for range 10 {
+		shares, res := r.round()
+		if res.Moved != 0 || !maps.Equal(shares, equal) {
+			t.Fatalf("equal demand moved %d: %v, Equal %v", res.Moved, shares, equal)
+		}
+	}
+	r.obs[0].SpecReplicas = 18 // 2 pods decided, not there yet: 2 × ⌊40/18⌋ = 4 kept free
+	shares, res := r.round()
+	sum = 0
+	for _, v := range shares {
+		sum += v
+	}
+	if res.Budget != 36 || sum > 36 {
+		t.Fatalf("pending scale-out: budget %d, Σ %d (%v)", res.Budget, sum, shares)
 	}
 }
 

@@ -52,6 +52,7 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 			Pods:                int32(len(o.Pods)),
 			HPA:                 o.HPA,
 			PermitsPerPod:       int32(split.PerPod[i]),
+			ExtraPermits:        int32(split.Extra[i]),
 			SafeDefaultPermits:  int32(split.SafeDefault[i]),
 			SafeDefaultReplicas: int32(o.maxReplicas()),
 			PodsSynced:          synced[o.Target.Name],
@@ -72,7 +73,7 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		}
 		st.Targets = append(st.Targets, ts)
 		st.Pods += ts.Replicas
-		perPod = append(perPod, strconv.FormatInt(split.PerPod[i], 10))
+		perPod = append(perPod, permitsText(ts))
 	}
 	st.PerPod = strings.Join(perPod, ",")
 	if split.Weighted > 0 || len(split.SafeDefault) > 0 {
@@ -146,8 +147,20 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	return st
 }
 
+// permitsText is a target's permits per pod as status.perPod shows them: "5", or "2-3" when
+// some pods get one more.
+func permitsText(t apportionv1.TargetStatus) string {
+	if t.ExtraPermits > 0 {
+		return fmt.Sprintf("%d-%d", t.PermitsPerPod, t.PermitsPerPod+1)
+	}
+	return strconv.Itoa(int(t.PermitsPerPod))
+}
+
 // rebalanceMessage describes a change of pods or per-pod permits, e.g.
-// "gateway: 8→10 pods, 5→4 permits per pod"; "" when nothing changed.
+// "gateway: 8→10 pods, 5→4 permits per pod" or "gateway: 12→16 pods, 3-4→2-3 permits per pod";
+// "" when nothing changed. Only a change of replicas or of the floor is one: which pods hold the
+// remainder's one more rotates, and with several targets so may how many of a target's pods do,
+// every few minutes — not a rebalance worth an Event.
 func rebalanceMessage(before, after []apportionv1.TargetStatus) string {
 	prev := map[string]apportionv1.TargetStatus{}
 	for _, t := range before {
@@ -162,7 +175,7 @@ func rebalanceMessage(before, after []apportionv1.TargetStatus) string {
 		if !ok && t.Replicas == 0 {
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s: %d→%d pods, %d→%d permits per pod", t.Name, p.Replicas, t.Replicas, p.PermitsPerPod, t.PermitsPerPod))
+		parts = append(parts, fmt.Sprintf("%s: %d→%d pods, %s→%s permits per pod", t.Name, p.Replicas, t.Replicas, permitsText(p), permitsText(t)))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -97,7 +97,7 @@ var _ = Describe("DownstreamQuota Events", func() {
 		}).Should(ConsistOf(
 			"rebalanced: gateway: 8→10 pods, 5→4 permits per pod",
 			"safe default: gateway: 5→4 permits per pod (over 8→10 replicas)",
-			"rebalanced: gateway: 10→16 pods, 4→2 permits per pod",
+			"rebalanced: gateway: 10→16 pods, 4→2-3 permits per pod",
 			"safe default: gateway: 4→2 permits per pod (over 10→16 replicas)",
 		))
 	})

@@ -13,17 +13,20 @@
 //     ⌊B/n⌋, which is the Equal split);
 //  2. the rest of B is shared by water-filling on wantᵢ = max(dᵢ, f): every pod gets
 //     min(wantᵢ, λ) for the highest level λ that fits, and the units that do not make a whole
-//     level go to the pods with the highest want, one each, never splitting a tie (see below);
+//     level go to the pods with the highest want, one each, a tie split by rank (see below);
 //  3. what is left when every want is met is spread equally, and its remainder again to the
-//     highest wants, never splitting a tie.
+//     highest wants, a tie split by rank.
 //
-// Guarantees of Target (tested as properties): Σ shares ≤ B; every pod ≥ f when B ≥ n·f;
-// monotone: raising one pod's demand, all else equal, never lowers its share; with equal
-// demand every pod gets ⌊B/n⌋ — exactly the Equal split. Ties are never split: handing the odd
-// unit to one of several pods that ask alike would favour a pod by its name, and the next bit of
-// demand would move it to another, which is the flapping damping exists to prevent. So when all
-// pods ask alike, the B mod n remainder stays unused (as with Equal); as soon as some ask more
-// (32 pods, B = 40, 8 of them busy) the spare units go to those that ask.
+// Guarantees of Target (tested as properties): Σ shares ≤ B, and Σ = B whenever ranks are given
+// and some pod exists; every pod ≥ f when B ≥ n·f; monotone: raising one pod's demand, all else
+// equal, never lowers its share; with equal demand every pod gets ⌊B/n⌋ or ⌊B/n⌋+1, the B mod n
+// units to the pods ranked first — exactly the Equal split of one target (package apportion) with
+// the same ranks. Ties are split by rank only: the units that do not make a whole level go to the
+// highest wants first, and within a group that asks alike to the pods ranked first by
+// apportion.Rank(pod, counter) — a hash that changes only with the slow rotation counter, not
+// with demand, so the odd unit is neither tied to a pod's name nor moved by noise, and over
+// counters each pod of the group gets it in turn. Without ranks (nil) ties are never split and
+// the odd units of a tie group stay unused.
 //
 // Step moves the current split towards the target under three dampers: a pod's share moves only
 // when its target differs by more than a dead band (hysteresis), no more than MaxMove permits
@@ -50,13 +53,17 @@ import (
 )
 
 // Target splits budget among pods by demand (see the package doc). demand[i] is pod i's demand
-// in permits (negative counts as 0); floor is the per-pod floor (negative counts as 0). The
-// result has one share per pod, in input order.
-func Target(budget, floor int64, demand []int64) []int64 {
+// in permits (negative counts as 0); floor is the per-pod floor (negative counts as 0); rank[i]
+// orders pod i within a tie (higher first: apportion.Rank), nil to leave ties unsplit. The result
+// has one share per pod, in input order.
+func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 	n := int64(len(demand))
 	out := make([]int64, n)
 	if n == 0 || budget <= 0 {
 		return out
+	}
+	if rank != nil && len(rank) != len(demand) {
+		rank = nil // a caller's mistake: no pod is favoured by it
 	}
 	floor = max(floor, 0)
 	if budget < n*floor {
@@ -74,7 +81,7 @@ func Target(budget, floor int64, demand []int64) []int64 {
 		for i := range out {
 			out[i] = want[i] + spare/n
 		}
-		giveRemainder(out, want, spare%n, nil)
+		giveRemainder(out, want, rank, spare%n, nil)
 		return out
 	}
 	// Water-filling: the highest level λ ≥ floor with Σ min(wantᵢ, λ) ≤ budget. A binary search
@@ -93,7 +100,7 @@ func Target(budget, floor int64, demand []int64) []int64 {
 		out[i] = min(want[i], lo)
 		used += out[i]
 	}
-	giveRemainder(out, want, budget-used, func(i int) bool { return want[i] > lo })
+	giveRemainder(out, want, rank, budget-used, func(i int) bool { return want[i] > lo })
 	return out
 }
 
@@ -105,9 +112,10 @@ func level(want []int64, l int64) int64 {
 	return s
 }
 
-// giveRemainder hands rem single units to the eligible pods with the highest want, one each,
-// stopping before a tie group it cannot give to entirely (see the package doc).
-func giveRemainder(out, want []int64, rem int64, eligible func(int) bool) {
+// giveRemainder hands rem single units to the eligible pods with the highest want, one each;
+// within a tie group it cannot give to entirely, to the pods ranked first, or (rank nil) to none
+// of them (see the package doc).
+func giveRemainder(out, want []int64, rank []uint64, rem int64, eligible func(int) bool) {
 	if rem <= 0 {
 		return
 	}
@@ -117,13 +125,23 @@ func giveRemainder(out, want []int64, rem int64, eligible func(int) bool) {
 			idx = append(idx, i)
 		}
 	}
-	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(want[b], want[a]) })
+	slices.SortStableFunc(idx, func(a, b int) int {
+		if c := cmp.Compare(want[b], want[a]); c != 0 || rank == nil {
+			return c
+		}
+		return cmp.Compare(rank[b], rank[a])
+	})
 	for start := 0; start < len(idx) && rem > 0; {
 		end := start
 		for end < len(idx) && want[idx[end]] == want[idx[start]] {
 			end++
 		}
 		if int64(end-start) > rem {
+			if rank != nil {
+				for _, i := range idx[start : start+int(rem)] {
+					out[i]++
+				}
+			}
 			return
 		}
 		for _, i := range idx[start:end] {

@@ -1,6 +1,7 @@
 package demand
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -31,7 +32,7 @@ func TestTarget(t *testing.T) {
 		{name: "no pods", budget: 10, floor: 1, demand: nil, want: []int64{}},
 		{name: "no budget", budget: 0, floor: 1, demand: []int64{3, 3}, want: []int64{0, 0}},
 		{name: "idle pods share equally", budget: 40, floor: 1, demand: repeat(0, 8), want: repeat(5, 8)},
-		{name: "equal demand is Equal, remainder unused", budget: 40, floor: 1, demand: repeat(2, 32), want: repeat(1, 32)},
+		{name: "equal demand without ranks: the remainder unused", budget: 40, floor: 1, demand: repeat(2, 32), want: repeat(1, 32)},
 		{
 			name: "32 pods, budget 40, 8 busy: the 8 spare go to the busy", budget: 40, floor: 1, demand: busy8of32,
 			want: append(repeat(2, 8), repeat(1, 24)...),
@@ -58,12 +59,52 @@ func TestTarget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := Target(tt.budget, tt.floor, tt.demand)
+			got := Target(tt.budget, tt.floor, tt.demand, nil)
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("Target(%d, %d, %v) (-want +got):\n%s", tt.budget, tt.floor, tt.demand, diff)
 			}
 		})
 	}
+}
+
+// TestTargetRanked: with ranks, a tie group that cannot take a unit each gives them to the pods
+// ranked first; everything else is as without.
+func TestTargetRanked(t *testing.T) {
+	tests := []struct {
+		name   string
+		budget int64
+		demand []int64
+		rank   []uint64
+		want   []int64
+	}{
+		{name: "equal demand: the remainder to the ranked first", budget: 10, demand: []int64{9, 9, 9}, rank: []uint64{5, 9, 7},
+			want: []int64{3, 4, 3}},
+		{name: "32 pods asking alike, budget 40: 8 get 2", budget: 40, demand: repeat(2, 32), rank: ranks(32),
+			want: append(repeat(1, 24), repeat(2, 8)...)},
+		{name: "the highest want first, then the ranked first within the next group", budget: 11, demand: []int64{9, 8, 8, 8}, rank: []uint64{0, 1, 3, 2},
+			want: []int64{3, 2, 3, 3}},
+		{name: "all wants met: the spare's remainder to the ranked first", budget: 10, demand: []int64{1, 1, 1}, rank: []uint64{1, 2, 3},
+			want: []int64{3, 3, 4}},
+		{name: "ranks of the wrong length are ignored", budget: 10, demand: []int64{9, 9, 9}, rank: []uint64{1},
+			want: []int64{3, 3, 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Target(tt.budget, 1, tt.demand, tt.rank)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("Target(%d, 1, %v, %v) (-want +got):\n%s", tt.budget, tt.demand, tt.rank, diff)
+			}
+		})
+	}
+}
+
+// ranks is 0, 1, …, n-1: the last pods ranked first.
+func ranks(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i)
+	}
+	return out
 }
 
 func sum(s []int64) int64 {
@@ -87,16 +128,29 @@ func randomCase(r *rand.Rand) (budget, floor int64, d []int64) {
 	return budget, floor, d
 }
 
-// TestTargetProperties checks the guarantees of the package doc on random inputs: Σ ≤ budget,
-// the floor, monotonicity in a pod's own demand, and Equal under equal demand.
+// TestTargetProperties checks the guarantees of the package doc on random inputs: Σ ≤ budget
+// (= budget with ranks), the floor, monotonicity in a pod's own demand, and Equal under equal
+// demand.
 func TestTargetProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 15))
 	for iter := range 20000 {
 		budget, floor, d := randomCase(r)
 		n := int64(len(d))
-		got := Target(budget, floor, d)
-		if s := sum(got); s > budget {
-			t.Fatalf("#%d Σ %d > budget %d: Target(%d, %d, %v) = %v", iter, s, budget, budget, floor, d, got)
+		pods := make([]string, n)
+		for i := range pods {
+			pods[i] = fmt.Sprintf("pod-%d-%d", iter, i)
+		}
+		counter := r.Uint64()
+		var rank []uint64
+		if iter%4 != 0 {
+			rank = make([]uint64, n)
+			for i, p := range pods {
+				rank[i] = apportion.Rank(p, counter)
+			}
+		}
+		got := Target(budget, floor, d, rank)
+		if s := sum(got); s > budget || (rank != nil && s != budget) {
+			t.Fatalf("#%d Σ %d, budget %d (ranks %v): Target(%d, %d, %v) = %v", iter, s, budget, rank != nil, budget, floor, d, got)
 		}
 		if budget >= n*floor {
 			for i, g := range got {
@@ -109,17 +163,22 @@ func TestTargetProperties(t *testing.T) {
 		i := r.IntN(len(d))
 		more := slices.Clone(d)
 		more[i] += 1 + r.Int64N(10)
-		got2 := Target(budget, floor, more)
+		got2 := Target(budget, floor, more, rank)
 		if got2[i] < got[i] {
 			t.Fatalf("#%d raising pod %d's demand %d→%d lowered its share %d→%d (budget %d floor %d demand %v)",
 				iter, i, d[i], more[i], got[i], got2[i], budget, floor, d)
 		}
-		// Equal demand ⇒ the Equal split.
+		// Equal demand ⇒ the Equal split: with ranks exactly package apportion's for one target;
+		// without, its floor.
 		eq := repeat(r.Int64N(30), len(d))
-		equal := apportion.Split(budget, 100, []apportion.Target{{Weight: 1, Replicas: n}}).PerPod[0]
-		for j, g := range Target(budget, floor, eq) {
-			if g != equal {
-				t.Fatalf("#%d equal demand %d: pod %d got %d, Equal gives %d (budget %d, %d pods)", iter, eq[0], j, g, equal, budget, n)
+		equal := apportion.Split(budget, 100, []apportion.Target{{Weight: 1, Replicas: n, Pods: pods}}, counter)
+		for j, g := range Target(budget, floor, eq, rank) {
+			want := equal.Permits[0][j]
+			if rank == nil {
+				want = equal.PerPod[0]
+			}
+			if g != want {
+				t.Fatalf("#%d equal demand %d: pod %d got %d, Equal gives %d (budget %d, %d pods, ranks %v)", iter, eq[0], j, g, want, budget, n, rank != nil)
 			}
 		}
 	}
@@ -128,7 +187,7 @@ func TestTargetProperties(t *testing.T) {
 // TestTargetUsesBudgetWhenAsked: when Σ want ≥ budget and wants differ, at most one tie group's
 // worth of units is left unused.
 func TestTargetUsesBudgetWhenAsked(t *testing.T) {
-	got := Target(40, 1, append(repeat(5, 8), repeat(0, 24)...))
+	got := Target(40, 1, append(repeat(5, 8), repeat(0, 24)...), nil)
 	if s := sum(got); s != 40 {
 		t.Fatalf("Σ = %d, want the whole budget 40: %v", s, got)
 	}
@@ -172,8 +231,8 @@ func TestStepProperties(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	for iter := range 5000 {
 		budget, floor, dem := randomCase(r)
-		tgt := Target(budget, floor, dem)
-		cur := Target(budget, floor, shuffle(r, dem)) // another split within budget, ≥ floor
+		tgt := Target(budget, floor, dem, nil)
+		cur := Target(budget, floor, shuffle(r, dem), nil) // another split within budget, ≥ floor
 		d := Damping{HysteresisPercent: r.Int64N(50), MaxMove: 1 + r.Int64N(10), MinInterval: time.Second}
 		now, last := t0, time.Time{}
 		steady := 0
@@ -266,37 +325,39 @@ func TestQuantize(t *testing.T) {
 
 // TestSteadyNoisyDemandDoesNotFlap: demand sampled with ±1 of jitter around a steady mean,
 // smoothed, quantized and shared every round, moves shares only at the start: once settled, no
-// round moves anything.
+// round moves anything — with ties left unsplit and with ties split by rank at one counter.
 func TestSteadyNoisyDemandDoesNotFlap(t *testing.T) {
-	r := rand.New(rand.NewPCG(4, 15))
 	means := []float64{20, 20, 3, 3, 3, 3, 3, 3}
-	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	smoothed := slices.Clone(means)
-	levels := repeat(-1, len(means))
-	cur := repeat(5, len(means))
-	d := DefaultDamping(40)
-	d.MinInterval = 2 * time.Second
-	var last time.Time
-	lastMove := -1
-	for round := range 600 { // 5 minutes at 500 ms
-		now := t0.Add(time.Duration(round) * 500 * time.Millisecond)
-		dem := make([]int64, len(means))
-		for i, m := range means {
-			smoothed[i] = Smooth(smoothed[i], m+float64(r.IntN(3)-1), 500*time.Millisecond, 2*time.Second)
-			levels[i] = Quantize(levels[i], smoothed[i], DemandBand)
-			dem[i] = levels[i]
+	for _, rank := range [][]uint64{nil, {8, 3, 5, 1, 7, 2, 6, 4}} {
+		r := rand.New(rand.NewPCG(4, 15))
+		t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+		smoothed := slices.Clone(means)
+		levels := repeat(-1, len(means))
+		cur := repeat(5, len(means))
+		d := DefaultDamping(40)
+		d.MinInterval = 2 * time.Second
+		var last time.Time
+		lastMove := -1
+		for round := range 600 { // 5 minutes at 500 ms
+			now := t0.Add(time.Duration(round) * 500 * time.Millisecond)
+			dem := make([]int64, len(means))
+			for i, m := range means {
+				smoothed[i] = Smooth(smoothed[i], m+float64(r.IntN(3)-1), 500*time.Millisecond, 2*time.Second)
+				levels[i] = Quantize(levels[i], smoothed[i], DemandBand)
+				dem[i] = levels[i]
+			}
+			next, damped := Step(40, 1, cur, Target(40, 1, dem, rank), d, now, last)
+			if damped {
+				last = now
+			}
+			if !slices.Equal(next, cur) {
+				lastMove = round
+			}
+			cur = next
 		}
-		next, damped := Step(40, 1, cur, Target(40, 1, dem), d, now, last)
-		if damped {
-			last = now
+		if lastMove > 100 {
+			t.Fatalf("ranks %v: shares still moved at round %d of 600 under steady demand: %v", rank, lastMove, cur)
 		}
-		if !slices.Equal(next, cur) {
-			lastMove = round
-		}
-		cur = next
+		t.Logf("ranks %v: last move at round %d of 600: %v (Σ %d)", rank, lastMove, cur, sum(cur))
 	}
-	if lastMove > 100 {
-		t.Fatalf("shares still moved at round %d of 600 under steady demand: %v", lastMove, cur)
-	}
-	t.Logf("last move at round %d of 600: %v", lastMove, cur)
 }

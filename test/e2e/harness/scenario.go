@@ -293,7 +293,8 @@ func (s *Scenario) Quota(ctx context.Context) (*apportionv1.DownstreamQuota, err
 	return s.Env.CP.GetQuota(ctx, s.Cfg.Namespace, s.Cfg.Quota)
 }
 
-// PerPod is floor(limit × factor / pods).
+// PerPod is floor(limit × factor / pods): every pod's permits at that count, or one more for
+// the pods the remainder goes to (WaitPermits).
 func (s *Scenario) PerPod(pods int32) int32 {
 	if pods <= 0 {
 		return 0
@@ -337,19 +338,34 @@ func (s *Scenario) Effective(st *assignment.State) int32 {
 	return -1
 }
 
-// WaitPermits waits until every live, running, reachable pod's agent enforces want permits.
+// WaitPermits waits until every live, running, reachable pod's agent enforces want permits, or
+// want+1 for as many of them as the remainder of the split leaves, limit × factor − pods × want
+// when that is below the pods (the manager hands it out, one permit per pod: internal/apportion).
 func (s *Scenario) WaitPermits(ctx context.Context, want int32, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	budget := int32(int64(s.Cfg.Limit) * int64(s.Cfg.FactorPercent) / 100)
 	var last string
 	for {
 		sts, err := s.States(ctx)
 		ok := err == nil && len(sts) > 0
 		last = fmt.Sprint(err)
+		extra := budget - int32(len(sts))*want
+		if extra < 0 || extra >= int32(len(sts)) {
+			extra = 0
+		}
+		more := int32(0)
 		for pod, st := range sts {
-			if e := s.Effective(st); e != want {
+			switch e := s.Effective(st); {
+			case e == want+1 && extra > 0:
+				more++
+			case e != want:
 				ok = false
 				last = fmt.Sprintf("%s enforces %d (epoch %d gen %d, lease expired %v)", pod, e, st.Epoch, st.Generation, st.LeaseExpired)
 			}
+		}
+		if ok && more != extra {
+			ok = false
+			last = fmt.Sprintf("%d pods enforce %d, want %d of them (the remainder)", more, want+1, extra)
 		}
 		if ok {
 			return nil
