@@ -27,7 +27,12 @@ type core struct {
 	started   bool
 	startedAt time.Time
 	fenced    bool
-	fencedBy  int64
+	fencedBy  int64 // the epoch record that fenced it (claims.go)
+
+	// Claims of a newer epoch waiting for the epoch record (claims.go): claimSeq numbers the
+	// claims made, claimants are the pods whose claim waits.
+	claimSeq  uint64
+	claimants []*podState
 
 	quotas map[types.NamespacedName]*quotaState
 	pods   map[types.UID]*podState

@@ -152,6 +152,14 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		return
 	}
 	var stale *assignment.StaleError
+	if !errors.As(err, &stale) {
+		stale = nil
+	}
+	if epoch := c.claimed(st, stale); epoch > 0 && (err == nil || stale != nil) {
+		// Not believed until the epoch record says so (claims.go), whatever the answer's shape.
+		c.claim(w, epoch, now)
+		return
+	}
 	switch {
 	case err == nil && st != nil && c.quietRenewal(w, st):
 		c.renewQuietly(w, st, now)
@@ -170,7 +178,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 			c.removePod(p)
 			return
 		}
-	case errors.As(err, &stale):
+	case stale != nil:
 		p.failures, p.retryAt = 0, time.Time{}
 		c.applyState(p, &stale.State, now)
 	default:

@@ -49,7 +49,11 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 	if p.removed || p.busy != nil || !c.started || c.fenced || p.endpoint == "" {
 		return time.Time{}, kindNone
 	}
-	if !p.known {
+	if p.claimSeq != 0 {
+		return time.Time{}, kindNone // its claim of a newer epoch waits for the epoch record (claims.go)
+	}
+	if !p.known || p.misbehaving {
+		// A pod that misbehaved is only asked (GET), after its backoff, until it answers truly.
 		return maxTime(now, p.retryAt), kindProbe
 	}
 	var at time.Time
