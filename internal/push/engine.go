@@ -380,9 +380,10 @@ func (e *Engine) worker(ctx context.Context) {
 }
 
 // takeSigned says whether a worker should send the next renewal signed in a batch (e.signed)
-// rather than start the next ready request: yes, unless a request of a higher priority than a
-// renewal (a lowering, a change, a probe) is ready and the signed one can wait, with more than
-// half its PushTimeout left. A change then does not queue behind a batch of renewals, and no
+// rather than start the next ready request: yes, unless a request of a band before renewals (a
+// lowering, a change or a probe of a proven pod, readyQueue) may start and the signed one can
+// wait, with more than half its PushTimeout left. (A signed renewal was counted against its
+// namespace's bound when it was started, so sending it takes nothing more from the queue.) A change then does not queue behind a batch of renewals, and no
 // renewal waits so long that its own deadline ends it. e.mu is held.
 func (e *Engine) takeSigned() bool {
 	if len(e.signed) == 0 {

@@ -221,7 +221,8 @@ func TestEngineFailingAgent(t *testing.T) {
 }
 
 func TestEngineSlowAgentDoesNotDelayOthers(t *testing.T) {
-	r := newRig(t, 4, nil, nil, 1, func(o *Options) { o.PushTimeout = 5 * time.Second; o.Workers = 2 })
+	// Four workers: the pods' namespace may hold two of them (the fair queue's bound per flow).
+	r := newRig(t, 4, nil, nil, 1, func(o *Options) { o.PushTimeout = 5 * time.Second; o.Workers = 4 })
 	r.start()
 	r.e.SetQuota(r.quota(2, 2, 2, 2))
 	r.pastRecovery()
@@ -231,7 +232,7 @@ func TestEngineSlowAgentDoesNotDelayOthers(t *testing.T) {
 	d.Limit = 8
 	start := time.Now()
 	r.e.SetQuota(d)
-	// Two workers, one stuck on the slow agent: the others still go through the other one. p3's
+	// Two workers for the namespace, one stuck on the slow agent: the others still go through the other one. p3's
 	// acknowledged lowering frees one permit, which raises p1 (name order); p2's raise waits for
 	// the slow p0's lowering.
 	r.waitFor("the other agents", func() bool {

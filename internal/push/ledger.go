@@ -214,6 +214,7 @@ type podState struct {
 	// Requests.
 	busy     *work
 	queued   bool
+	band     int // the band it was last queued in (readyQueue)
 	failures int
 	retryAt  time.Time
 	renewAt  time.Time

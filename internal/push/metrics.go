@@ -26,6 +26,8 @@ type metrics struct {
 	unreachable *prometheus.GaugeVec
 	// quietRenewals counts renewals whose answer changed nothing the ledger uses (no replan).
 	quietRenewals prometheus.Counter
+	// renewalDelay is how long after it was due each renewal started (the fair queue's wait).
+	renewalDelay prometheus.Histogram
 	// epochClaims counts answers claiming an epoch above the engine's; epochRefuted the claims
 	// the epoch record refuted; recordReads the reads of the record, by result.
 	epochClaims  prometheus.Counter
@@ -72,6 +74,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "apportion_manager_quiet_renewals_total",
 			Help: "Lease renewals whose answer changed nothing the ledger uses, so that no quota was replanned for them (docs/protocol.md §4).",
 		}),
+		renewalDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "apportion_manager_renewal_delay_seconds",
+			Help:    "How long after it was due each lease renewal started: its wait for a push worker (docs/protocol.md §6).",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
 		epochClaims: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "apportion_manager_epoch_claims_total",
 			Help: "Agent answers claiming an epoch above the manager's, each checked against the epoch record before anything is believed (docs/protocol.md §9).",
@@ -108,6 +115,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.quietRenewals, err = promreg.Register(reg, m.quietRenewals); err != nil {
+		return nil, err
+	}
+	if m.renewalDelay, err = promreg.Register(reg, m.renewalDelay); err != nil {
 		return nil, err
 	}
 	if m.epochClaims, err = promreg.Register(reg, m.epochClaims); err != nil {

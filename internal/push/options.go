@@ -115,7 +115,9 @@ type Options struct {
 	// accepted by an agent (a handler already running when the client gave up). The ledger
 	// assumes an unanswered push may start a lease until sentAt + PushTimeout + AcceptGrace.
 	AcceptGrace time.Duration
-	// Workers bounds the requests in flight at once.
+	// Workers bounds the requests in flight at once. One namespace may hold half of them, its
+	// requests to agents that have not answered their last request a quarter, and every
+	// namespace's such requests together half (the fair ready queue, docs/protocol.md §6).
 	Workers int
 	// RetryBase and RetryMax bound the exponential backoff (with jitter) after a failed request.
 	RetryBase, RetryMax time.Duration
