@@ -149,12 +149,11 @@ func (q *readyQueue) pop() *podState {
 	return nil
 }
 
-// popWhere is pop limited to band b and to pods for which ok holds: the first such pod of the
-// flow whose turn it is among the flows that have one. Other pods keep their places.
-func (q *readyQueue) popWhere(b int, ok func(*podState) bool) *podState {
-	if b == bandUnproven && q.unprovenHeld >= q.caps.unproven {
-		return nil
-	}
+// popRenewal is pop limited to bandRenew and to pods for which ok holds (startRenewals: the
+// renewals that may be signed together): the first such pod of the flow whose turn it is among
+// the flows that have one. Other pods keep their places.
+func (q *readyQueue) popRenewal(ok func(*podState) bool) *podState {
+	const b = bandRenew
 	for _, l := range q.bands[b].byHeld[:q.caps.perFlow] {
 		for e := l.Front(); e != nil; e = e.Next() {
 			f := e.Value.(*flow)

@@ -124,19 +124,19 @@ func TestReadyQueueBounds(t *testing.T) {
 	}
 }
 
-func TestReadyQueuePopWhereKeepsOthersInOrder(t *testing.T) {
+func TestReadyQueuePopRenewalKeepsOthersInOrder(t *testing.T) {
 	q := newReadyQueue(newFlowCaps(32))
 	for i := range 5 {
 		q.push("a", bandRenew, qpod("a", i))
 	}
 	odd := func(p *podState) bool { return p.name == "a-1" || p.name == "a-3" }
-	if p := q.popWhere(bandRenew, odd); p == nil || p.name != "a-1" {
+	if p := q.popRenewal(odd); p == nil || p.name != "a-1" {
 		t.Fatalf("got %v", p)
 	}
-	if p := q.popWhere(bandRenew, odd); p == nil || p.name != "a-3" {
+	if p := q.popRenewal(odd); p == nil || p.name != "a-3" {
 		t.Fatalf("got %v", p)
 	}
-	if p := q.popWhere(bandRenew, odd); p != nil {
+	if p := q.popRenewal(odd); p != nil {
 		t.Fatalf("got %v", p)
 	}
 	var got []string
@@ -216,7 +216,7 @@ func TestReadyQueueProperty(t *testing.T) {
 				}
 				ns := p.namespace
 				wq := waiting[ns]
-				if wq[bestBand] == nil || len(wq[bestBand]) == 0 || wq[bestBand][0] != p || held[ns] != held[best] {
+				if len(wq[bestBand]) == 0 || wq[bestBand][0] != p || held[ns] != held[best] {
 					t.Fatalf("seed %d step %d: popped %s (held %d), model serves band %d of %s (held %d)",
 						seed, step, p.name, held[ns], bestBand, best, held[best])
 				}

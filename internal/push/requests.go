@@ -120,13 +120,13 @@ func renewing(p *podState) bool {
 }
 
 // startRenewals starts up to limit of the ready renewals that batchable would allow, taken in
-// the fair queue's order (readyQueue.popWhere: the flow holding the fewest requests first), and
+// the fair queue's order (readyQueue.popRenewal: the flow holding the fewest requests first), and
 // leaves the other ready requests queued in theirs.
 func (c *core) startRenewals(limit int, now time.Time) []*work {
 	var out []*work
 	ok := func(p *podState) bool { return c.renewalReady(p, now) }
 	for len(out) < limit {
-		p := c.ready.popWhere(bandRenew, ok)
+		p := c.ready.popRenewal(ok)
 		if p == nil {
 			break
 		}
