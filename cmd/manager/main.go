@@ -240,9 +240,14 @@ func run(args []string) error {
 	recorder := mgr.GetEventRecorder("apportion-manager")
 	quotaChanges := make(chan event.GenericEvent, 1024)
 	ruleChanges := make(chan event.GenericEvent, 1024)
+	// The epoch counter, read from the API server (never the cache): the engine takes its epoch
+	// from it, and it alone decides whether an agent's newer epoch fences the engine — an
+	// agent's word is not enough (docs/protocol.md §9).
+	epochs := &push.ConfigMapEpoch{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace}
 	engine, err := push.New(push.Options{
 		Client:      signer,
-		Epoch:       &push.ConfigMapEpoch{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace},
+		Epoch:       epochs,
+		Record:      epochs,
 		LeaseTTL:    o.leaseTTL,
 		RenewEvery:  o.renewEvery,
 		PushTimeout: o.pushTimeout,

@@ -119,8 +119,14 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	if report != nil {
 		switch {
 		case len(report.Unreachable) > 0:
-			set(apportionv1.ConditionPodsReachable, false, apportionv1.ReasonAgentsUnreachable,
-				fmt.Sprintf("agents not reachable: %s; their permits stay counted until their lease passes", strings.Join(report.Unreachable, ", ")))
+			msg := fmt.Sprintf("agents not reachable: %s; their permits stay counted until their lease passes", strings.Join(report.Unreachable, ", "))
+			if len(report.Misbehaving) > 0 {
+				// Pods answering with an epoch no manager holds (push.Report.Misbehaving): say so,
+				// they are the tenant's to fix.
+				msg += fmt.Sprintf("; of those, %s answered with an epoch newer than any manager's (misbehaving: not believed, see the AgentClaimsNewerEpoch Events)",
+					strings.Join(report.Misbehaving, ", "))
+			}
+			set(apportionv1.ConditionPodsReachable, false, apportionv1.ReasonAgentsUnreachable, msg)
 		case len(noAgent) > 0:
 			set(apportionv1.ConditionPodsReachable, false, apportionv1.ReasonAgentNotFound,
 				fmt.Sprintf("%d pods have no agent to reach: %s", len(noAgent), capNames(noAgent, maxNamesInMessage)))

@@ -34,6 +34,21 @@ type testBackend struct {
 	inflight   map[string]int32
 	// accepted lists every assignment applied (renewals included) as "e<epoch>/g<gen>".
 	accepted []string
+	// lapses counts the pushes accepted after the lease they renewed had lapsed; maxGap is the
+	// longest time between two accepted pushes.
+	lapses int
+	maxGap time.Duration
+}
+
+// noteAccept records an accepted push at now for lapses and maxGap. b.mu is held.
+func (b *testBackend) noteAccept(now time.Time) {
+	if b.a != nil && b.configured {
+		gap := now.Sub(b.acceptedAt)
+		b.maxGap = max(b.maxGap, gap)
+		if gap >= b.a.LeaseTTL.D() {
+			b.lapses++
+		}
+	}
 }
 
 func newTestBackend(now func() time.Time) *testBackend {
@@ -53,11 +68,13 @@ func (b *testBackend) Apply(a *assignment.Assignment, _ time.Time) (assignment.S
 		if c := assignment.ComparePair(a.Epoch, a.Generation, b.epoch, b.gen); c < 0 {
 			return b.stateLocked(), fmt.Errorf("%w: pushed %d/%d", assignment.ErrStale, a.Epoch, a.Generation)
 		} else if c == 0 {
+			b.noteAccept(b.now())
 			b.acceptedAt = b.now()
 			b.accepted = append(b.accepted, fmt.Sprintf("e%d/g%d", a.Epoch, a.Generation))
 			return b.stateLocked(), nil
 		}
 	}
+	b.noteAccept(b.now())
 	b.epoch, b.gen, b.configured, b.a, b.acceptedAt = a.Epoch, a.Generation, true, a, b.now()
 	b.accepted = append(b.accepted, fmt.Sprintf("e%d/g%d", a.Epoch, a.Generation))
 	return b.stateLocked(), nil

@@ -10,8 +10,10 @@ import (
 // This file holds reading an agent's State: what it holds and has in flight, another manager's
 // holdings, a restarted agent process (carried) and a generation the engine forgot (re-learned).
 
-// applyState learns from an agent's State what it holds and has in flight.
+// applyState learns from an agent's State what it holds and has in flight. st's epoch is not
+// above the engine's (finishWork hands such answers to claim).
 func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
+	p.misbehaving, p.claimedEpoch = false, 0
 	if p.known && c.restarted(p, st) {
 		c.forgetProcess(p, st, now)
 	} else if !p.known {
@@ -28,13 +30,9 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {
 	case st.Epoch > c.epoch:
-		// Another manager has pushed to this agent since this one started: this engine is
-		// stale and must stop pushing anything anywhere. A higher epoch is the only evidence of
-		// that: epochs come from a counter that only grows (docs/protocol.md §9).
-		c.fenced, c.fencedBy = true, st.Epoch
-		c.log.Error(nil, "fenced: an agent holds a newer epoch; stopping", "pod", p.namespace+"/"+p.name,
-			"agentEpoch", st.Epoch, "agentGeneration", st.Generation, "epoch", c.epoch)
-		return
+		// finishWork hands such an answer to claim, never here: an agent's word alone fences
+		// nothing (claims.go).
+		panic("push: applyState given a State of a newer epoch")
 	case st.Epoch == c.epoch && st.Generation > p.gen:
 		// A generation of this epoch the engine does not know: it forgot the pod after pushing to
 		// it (every quota of the pod was deleted, or the pod was given up as unreachable) and met

@@ -27,15 +27,20 @@ type core struct {
 	started   bool
 	startedAt time.Time
 	fenced    bool
-	fencedBy  int64
+	fencedBy  int64 // the epoch record that fenced it (claims.go)
+
+	// Claims of a newer epoch waiting for the epoch record (claims.go): claimSeq numbers the
+	// claims made, claimants are the pods whose claim waits.
+	claimSeq  uint64
+	claimants []*podState
 
 	quotas map[types.NamespacedName]*quotaState
 	pods   map[types.UID]*podState
 
 	timers timerHeap
-	ready  [3][]*podState // by priority: 0 lowerings, 1 probes and other changes, 2 renewals and polls
-	dirty  []*podState    // pods whose content must be rebuilt
-	dirtyQ []*quotaState  // quotas that must be replanned
+	ready  *readyQueue   // pods whose request is due, by namespace and band (fairqueue.go)
+	dirty  []*podState   // pods whose content must be rebuilt
+	dirtyQ []*quotaState // quotas that must be replanned
 	// changed collects quotas whose Report changed, for OnChange.
 	changed map[types.NamespacedName]struct{}
 	// events collects Events for OnEvent, in order.
@@ -44,6 +49,8 @@ type core struct {
 	// onQuiet, when set (tests), sees every quiet renewal (requests.go): for each of the pod's
 	// entries what it was counted at and would have been granted just before, and just after.
 	onQuiet func(p *podState, before, after []int32)
+	// onRenewal, when set (tests), sees every renewal started and how long after it was due.
+	onRenewal func(p *podState, late time.Duration)
 	// afterPlan, when set (tests), sees every plan: its input and the grants it decided.
 	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
 }
@@ -55,6 +62,7 @@ func newCore(o *Options, m *metrics) *core {
 		metrics: m,
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
+		ready:   newReadyQueue(newFlowCaps(o.Workers)),
 		changed: map[types.NamespacedName]struct{}{},
 	}
 }

@@ -407,6 +407,8 @@ func TestNewPodNotAnsweringIsCountedOnlyWithABootstrapFile(t *testing.T) {
 	}
 }
 
+// docs/protocol.md §9: an agent holding a newer epoch fences the engine once the epoch record
+// confirms that a newer manager took it; until the record is read the pod gets nothing.
 func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h := newHarness(t, nil)
 	a := newModelAgent()
@@ -415,12 +417,22 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h.set(quota(30, 2, 8, 2))
 	h.begin(3)
 	h.settle()
+	upTo, ok := h.c.pendingClaim()
+	if !ok || h.c.fenced {
+		t.Fatalf("claim pending %v, fenced %v", ok, h.c.fenced)
+	}
+	h.runFor(time.Second)
+	if n := len(h.requestsTo("http://p0")); n != 1 {
+		t.Fatalf("%d requests to the claiming pod before the record was read, want the one probe", n)
+	}
+	h.c.recordRead(upTo, 9, nil, h.now)
 	if !h.c.fenced || h.c.fencedBy != 9 {
 		t.Fatalf("not fenced: %v %d", h.c.fenced, h.c.fencedBy)
 	}
+	h.sent = nil
 	h.runFor(time.Minute)
-	if got := h.pushesTo("http://p1"); len(got) != 0 {
-		t.Fatalf("a fenced engine pushed: %v", got)
+	if len(h.sent) != 0 {
+		t.Fatalf("a fenced engine sent %d requests", len(h.sent))
 	}
 }
 

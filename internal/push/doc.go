@@ -25,12 +25,16 @@
 //	replan.go      ledger → planner glue: targets, who may be raised, replan, rebalance done
 //	planner.go     plan: the pure function that decides one quota's grants
 //	content.go     a pod's Assignment built from its quotas' grants, downstreams and switches
-//	schedule.go    which request a pod needs next and when; ready queues, timers, the renewal grid, backoff
+//	schedule.go    which request a pod needs next, when and in which band; timers, the renewal grid, backoff
+//	fairqueue.go   readyQueue: ready pods by namespace (flow) and band, served fairly, with bounds
+//	               on the workers one namespace and the unproven pods may hold
 //	requests.go    a request's lifecycle: startWork reserves, finishWork applies the outcome;
 //	               startRenewals starts the renewals ready together, to be signed in one batch
 //	agentstate.go  reading an agent's State: holdings, restarts (carry), forgotten generations
+//	claims.go      an answer claiming a newer epoch: never believed alone; the epoch record
+//	               decides (fenced, or the pod misbehaves and is treated as unreachable)
 //	report.go      Report, change detection for OnChange, Events, SwitchApplied counts
 //	metrics.go     the engine's Prometheus metrics
-//	epoch.go       ConfigMapEpoch, the fencing epoch counter
+//	epoch.go       ConfigMapEpoch, the fencing epoch counter and the record that decides fencing
 //	signing.go, credentials.go  SigningClient (batch signatures too) and SigningKeys (the manager's Ed25519 keys)
 package push

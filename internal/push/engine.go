@@ -17,8 +17,10 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// ErrFenced is returned by Start when an agent holds an assignment of a newer epoch: another
-// manager took over, and this one must stop (the manager process exits and restarts).
+// ErrFenced is returned by Start when an agent answered with a newer epoch and the epoch record
+// (Options.Record) confirms that a newer manager took one: another manager took over, and this
+// one must stop (the manager process exits and restarts). An agent's answer alone never fences
+// (docs/protocol.md §9).
 var ErrFenced = errors.New("push: an agent holds a newer epoch; this manager is stale")
 
 // Engine delivers every pod's permits and degrade switches to its agent and keeps, per quota, a
@@ -41,6 +43,7 @@ type Engine struct {
 	signed []*work
 
 	kick      chan struct{}
+	claimCh   chan struct{} // signalled when a claim of a newer epoch waits for the record
 	fencedCh  chan struct{}
 	fenceOnce sync.Once
 	started   atomic.Bool
@@ -70,6 +73,7 @@ func New(opts Options) (*Engine, error) {
 		clock:      opts.Clock,
 		metrics:    m,
 		kick:       make(chan struct{}, 1),
+		claimCh:    make(chan struct{}, 1),
 		fencedCh:   make(chan struct{}),
 		notifyKeys: map[types.NamespacedName]struct{}{},
 		notifyCh:   make(chan struct{}, 1),
@@ -116,6 +120,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		wg.Go(func() { e.worker(ctx) })
 	}
 	wg.Go(func() { e.scheduler(ctx) })
+	wg.Go(func() { e.verifier(ctx) })
 	go e.notifier(ctx) // not waited for: OnChange may block on a consumer that stopped
 
 	var res error
@@ -239,8 +244,73 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
+	if _, ok := e.core.pendingClaim(); ok {
+		select {
+		case e.claimCh <- struct{}{}:
+		default:
+		}
+	}
 	if e.core.fenced {
 		e.fenceOnce.Do(func() { close(e.fencedCh) })
+	}
+}
+
+// recordReadTimeout bounds one read of the epoch record.
+const recordReadTimeout = 10 * time.Second
+
+// verifier decides the claims of a newer epoch (claims.go): while one waits, it reads the epoch
+// record, outside the engine's lock, at most once per EpochCheckEvery — every claim made before
+// a read is decided by it, so however many pods claim, the API server sees at most one read per
+// interval — and hands the result to the core. A failed read is retried with doubling intervals
+// (up to RetryMax × 6) and never fences.
+func (e *Engine) verifier(ctx context.Context) {
+	every := e.opts.EpochCheckEvery
+	interval := every
+	var last time.Time // when the last read started
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.claimCh:
+		}
+		for {
+			e.mu.Lock()
+			upTo, ok := e.core.pendingClaim()
+			e.mu.Unlock()
+			if !ok {
+				break
+			}
+			if !last.IsZero() {
+				if wait := last.Add(interval).Sub(e.clock.Now()); wait > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-e.clock.After(wait):
+					}
+				}
+			}
+			last = e.clock.Now()
+			rctx, cancel := context.WithTimeout(ctx, recordReadTimeout)
+			record, err := e.opts.Record.CurrentEpoch(rctx)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			e.mu.Lock()
+			switch {
+			case err != nil:
+				e.metrics.recordReads.WithLabelValues(recordError).Inc()
+				interval = min(interval*2, max(every, 6*e.opts.RetryMax))
+			case record > e.core.epoch:
+				e.metrics.recordReads.WithLabelValues(recordNewer).Inc()
+			default:
+				e.metrics.recordReads.WithLabelValues(recordNotNewer).Inc()
+				interval = every
+			}
+			e.core.recordRead(upTo, record, err, e.clock.Now())
+			e.afterLocked()
+			e.mu.Unlock()
+		}
 	}
 }
 
@@ -310,9 +380,10 @@ func (e *Engine) worker(ctx context.Context) {
 }
 
 // takeSigned says whether a worker should send the next renewal signed in a batch (e.signed)
-// rather than start the next ready request: yes, unless a request of a higher priority than a
-// renewal (a lowering, a change, a probe) is ready and the signed one can wait, with more than
-// half its PushTimeout left. A change then does not queue behind a batch of renewals, and no
+// rather than start the next ready request: yes, unless a request of a band before renewals (a
+// lowering, a change or a probe of a proven pod, readyQueue) may start and the signed one can
+// wait, with more than half its PushTimeout left. (A signed renewal was counted against its
+// namespace's bound when it was started, so sending it takes nothing more from the queue.) A change then does not queue behind a batch of renewals, and no
 // renewal waits so long that its own deadline ends it. e.mu is held.
 func (e *Engine) takeSigned() bool {
 	if len(e.signed) == 0 {

@@ -24,6 +24,7 @@ import (
 // retries and recovery move only when the test steps the clock; requests run in real time.
 type engineRig struct {
 	t       *testing.T
+	rec     *testRecord
 	clk     *testingclock.FakeClock
 	agents  []*testAgent
 	e       *Engine
@@ -40,13 +41,14 @@ func newRig(t *testing.T, n int, clk *testingclock.FakeClock, agents []*testAgen
 	if clk == nil {
 		clk = testingclock.NewFakeClock(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
 	}
-	r := &engineRig{t: t, clk: clk, agents: agents, reg: prometheus.NewRegistry()}
+	r := &engineRig{t: t, clk: clk, agents: agents, reg: prometheus.NewRegistry(), rec: &testRecord{}}
 	for len(r.agents) < n {
 		r.agents = append(r.agents, newTestAgent(t, clk.Now, fmt.Sprintf("%s/p%d", qKey.Namespace, len(r.agents))))
 	}
 	o := Options{
 		Client:      NewSigningClient(&http.Client{}, testKeys(t)),
-		Epoch:       EpochFunc(func(context.Context) (int64, error) { return epoch, nil }),
+		Epoch:       r.rec.take(epoch),
+		Record:      r.rec,
 		Clock:       clk,
 		PushTimeout: 500 * time.Millisecond,
 		AcceptGrace: 100 * time.Millisecond,
@@ -219,7 +221,8 @@ func TestEngineFailingAgent(t *testing.T) {
 }
 
 func TestEngineSlowAgentDoesNotDelayOthers(t *testing.T) {
-	r := newRig(t, 4, nil, nil, 1, func(o *Options) { o.PushTimeout = 5 * time.Second; o.Workers = 2 })
+	// Four workers: the pods' namespace may hold two of them (the fair queue's bound per flow).
+	r := newRig(t, 4, nil, nil, 1, func(o *Options) { o.PushTimeout = 5 * time.Second; o.Workers = 4 })
 	r.start()
 	r.e.SetQuota(r.quota(2, 2, 2, 2))
 	r.pastRecovery()
@@ -229,7 +232,7 @@ func TestEngineSlowAgentDoesNotDelayOthers(t *testing.T) {
 	d.Limit = 8
 	start := time.Now()
 	r.e.SetQuota(d)
-	// Two workers, one stuck on the slow agent: the others still go through the other one. p3's
+	// Two workers for the namespace, one stuck on the slow agent: the others still go through the other one. p3's
 	// acknowledged lowering frees one permit, which raises p1 (name order); p2's raise waits for
 	// the slow p0's lowering.
 	r.waitFor("the other agents", func() bool {
@@ -259,8 +262,8 @@ func TestEngineRestartWithNewEpochFencesTheOldOne(t *testing.T) {
 	old.waitFor("convergence", old.converged)
 
 	// A new manager (leader change) takes epoch 42 on the same agents while the old one still
-	// runs (a partitioned former leader).
-	nu := newRig(t, 3, old.clk, old.agents, 42, nil)
+	// runs (a partitioned former leader). It writes the epoch record both read.
+	nu := newRig(t, 3, old.clk, old.agents, 42, func(o *Options) { o.Epoch, o.Record = old.rec.take(42), old.rec })
 	nu.start()
 	nu.e.SetQuota(nu.quota(3, 3, 3))
 	// During its recovery it learns what they hold and takes them over at what they hold.
@@ -272,7 +275,8 @@ func TestEngineRestartWithNewEpochFencesTheOldOne(t *testing.T) {
 		}
 		return true
 	})
-	// The old engine's next renewal is refused (409, newer epoch): it stops with ErrFenced.
+	// The old engine's next renewal is refused (409, newer epoch); the record confirms a newer
+	// manager: it stops with ErrFenced.
 	old.clk.Step(DefaultRenewEvery)
 	select {
 	case err := <-old.done:
@@ -463,4 +467,36 @@ func TestEngineBatchSignaturesOnlyWhereAdvertised(t *testing.T) {
 	if signed, sigs := c.SignStats(); sigs >= signed {
 		t.Errorf("signed %d requests with %d signatures", signed, sigs)
 	}
+}
+
+// testRecord is an epoch record shared by the engines of one test, as the ConfigMap is by
+// managers: an engine taking an epoch raises it (take), CurrentEpoch reads it, or fails with
+// err when set.
+type testRecord struct {
+	mu    sync.Mutex
+	v     int64
+	err   error
+	reads atomic.Int64
+}
+
+func (r *testRecord) take(epoch int64) EpochSource {
+	return EpochFunc(func(context.Context) (int64, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.v = max(r.v, epoch)
+		return epoch, nil
+	})
+}
+
+func (r *testRecord) CurrentEpoch(context.Context) (int64, error) {
+	r.reads.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.v, r.err
+}
+
+func (r *testRecord) set(v int64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.v, r.err = v, err
 }

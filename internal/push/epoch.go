@@ -105,3 +105,28 @@ func (s *ConfigMapEpoch) NextEpoch(ctx context.Context) (int64, error) {
 	}
 	return 0, fmt.Errorf("epoch ConfigMap %s: too many conflicts: %w", key, lastErr)
 }
+
+// CurrentEpoch implements EpochRecord: the counter as the API server has it now. Reader must read
+// from the API server (mgr.GetAPIReader()): a Get without a resourceVersion is a quorum read, so
+// it sees every epoch a manager took before the read began — in particular that of any manager
+// whose pushes an agent accepted before it answered. A missing ConfigMap is an error (nothing is
+// decided): every manager writes it before it pushes anything.
+func (s *ConfigMapEpoch) CurrentEpoch(ctx context.Context) (int64, error) {
+	name := s.Name
+	if name == "" {
+		name = DefaultEpochConfigMap
+	}
+	if s.Namespace == "" {
+		return 0, fmt.Errorf("epoch ConfigMap: namespace is required")
+	}
+	key := types.NamespacedName{Namespace: s.Namespace, Name: name}
+	var cm corev1.ConfigMap
+	if err := s.Reader.Get(ctx, key, &cm); err != nil {
+		return 0, fmt.Errorf("reading epoch ConfigMap %s: %w", key, err)
+	}
+	cur, err := strconv.ParseInt(cm.Data[EpochKey], 10, 64)
+	if err != nil || cur < 0 {
+		return 0, fmt.Errorf("epoch ConfigMap %s: data[%q] = %q is not a non-negative integer", key, EpochKey, cm.Data[EpochKey])
+	}
+	return cur, nil
+}

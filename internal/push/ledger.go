@@ -202,9 +202,19 @@ type podState struct {
 	versions  []*version
 	foreign   *foreignHold
 
+	// An answer claiming an epoch above the engine's (claims.go). claimSeq numbers the claim
+	// while it waits for the epoch record (0: none waiting); claimedEpoch is the epoch claimed;
+	// misbehaving is set once the record refuted it, until the agent answers with an epoch that
+	// is not above the engine's; claimEventAt is when the last Event about it was raised.
+	claimSeq     uint64
+	claimedEpoch int64
+	misbehaving  bool
+	claimEventAt time.Time
+
 	// Requests.
 	busy     *work
 	queued   bool
+	band     int // the band it was last queued in (readyQueue)
 	failures int
 	retryAt  time.Time
 	renewAt  time.Time

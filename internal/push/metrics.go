@@ -26,7 +26,22 @@ type metrics struct {
 	unreachable *prometheus.GaugeVec
 	// quietRenewals counts renewals whose answer changed nothing the ledger uses (no replan).
 	quietRenewals prometheus.Counter
+	// renewalDelay is how long after it was due each renewal started (the fair queue's wait).
+	renewalDelay prometheus.Histogram
+	// epochClaims counts answers claiming an epoch above the engine's; epochRefuted the claims
+	// the epoch record refuted; recordReads the reads of the record, by result.
+	epochClaims  prometheus.Counter
+	epochRefuted prometheus.Counter
+	recordReads  *prometheus.CounterVec
 }
+
+// Results of a read of the epoch record, the result label of
+// apportion_manager_epoch_record_reads_total.
+const (
+	recordNewer    = "newer"     // above the engine's epoch: fenced
+	recordNotNewer = "not-newer" // the claims read for were false
+	recordError    = "error"     // nothing decided
+)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -59,6 +74,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "apportion_manager_quiet_renewals_total",
 			Help: "Lease renewals whose answer changed nothing the ledger uses, so that no quota was replanned for them (docs/protocol.md §4).",
 		}),
+		renewalDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "apportion_manager_renewal_delay_seconds",
+			Help:    "How long after it was due each lease renewal started: its wait for a push worker (docs/protocol.md §6).",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
+		epochClaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apportion_manager_epoch_claims_total",
+			Help: "Agent answers claiming an epoch above the manager's, each checked against the epoch record before anything is believed (docs/protocol.md §9).",
+		}),
+		epochRefuted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "apportion_manager_epoch_claims_refuted_total",
+			Help: "Claims of a newer epoch that the epoch record refuted: a misbehaving pod, treated as unreachable.",
+		}),
+		recordReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apportion_manager_epoch_record_reads_total",
+			Help: "Reads of the epoch record to check agents' claims of a newer epoch, by result: newer (fenced), not-newer, error.",
+		}, []string{"result"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -83,6 +115,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.quietRenewals, err = promreg.Register(reg, m.quietRenewals); err != nil {
+		return nil, err
+	}
+	if m.renewalDelay, err = promreg.Register(reg, m.renewalDelay); err != nil {
+		return nil, err
+	}
+	if m.epochClaims, err = promreg.Register(reg, m.epochClaims); err != nil {
+		return nil, err
+	}
+	if m.epochRefuted, err = promreg.Register(reg, m.epochRefuted); err != nil {
+		return nil, err
+	}
+	if m.recordReads, err = promreg.Register(reg, m.recordReads); err != nil {
 		return nil, err
 	}
 	return m, nil

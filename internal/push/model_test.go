@@ -34,6 +34,9 @@ type modelAgent struct {
 	inc map[string]int
 	// batch: the agent advertises assignment.CapabilityBatchSignatures (every other one does).
 	batch bool
+	// claim, when set, is the epoch every answer claims (a lying pod); the agent behind it still
+	// applies what it is sent.
+	claim int64
 }
 
 type modelCall struct {
@@ -83,6 +86,9 @@ func (m *modelAgent) inFlight(ds string, now time.Time) int32 {
 
 func (m *modelAgent) state(now time.Time) *assignment.State {
 	st := &assignment.State{Instance: m.instance, Epoch: m.epoch, Generation: m.gen, Configured: m.configured, LeaseExpired: m.a != nil && !m.leaseValid(now)}
+	if m.claim != 0 {
+		st.Epoch = m.claim
+	}
 	if m.batch {
 		st.Capabilities = []string{assignment.CapabilityBatchSignatures}
 	}
@@ -279,6 +285,17 @@ func (h *harness) runFor(d time.Duration) {
 		h.advance(min(50*time.Millisecond, end.Sub(h.now)))
 		h.settle()
 	}
+}
+
+// requestsTo lists every request started to endpoint, in order.
+func (h *harness) requestsTo(endpoint string) []*work {
+	var out []*work
+	for _, w := range h.sent {
+		if w.to.URL == endpoint {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // pushesTo lists the permits of downstream "q" in every push started to endpoint, in order.

@@ -25,6 +25,7 @@ const (
 	DefaultRetryMax         = 5 * time.Second
 	DefaultDrainPoll        = 250 * time.Millisecond
 	DefaultUnreachableAfter = 2
+	DefaultEpochCheckEvery  = time.Second
 )
 
 // AgentClient is the manager's side of the agents' control API. *assignment.Client and
@@ -67,6 +68,16 @@ type EpochSource interface {
 	NextEpoch(ctx context.Context) (int64, error)
 }
 
+// EpochRecord reads the fencing epoch counter as it stands: the highest epoch any manager has
+// taken. It is what decides fencing (docs/protocol.md §9): a newer manager writes it before any
+// agent can hold its epoch, and no pod can write it. CurrentEpoch must read from the source of
+// truth — for ConfigMapEpoch the API server, not a cache — so that a read made after an agent
+// answered sees every epoch taken before that answer; an error decides nothing.
+// ConfigMapEpoch implements it.
+type EpochRecord interface {
+	CurrentEpoch(ctx context.Context) (int64, error)
+}
+
 // EpochFunc adapts a function to EpochSource.
 type EpochFunc func(ctx context.Context) (int64, error)
 
@@ -80,6 +91,15 @@ type Options struct {
 	Client AgentClient
 	// Epoch gives the fencing epoch once, when Start runs.
 	Epoch EpochSource
+	// Record is read when an agent answers with an epoch above the engine's: the engine is
+	// fenced only if the record is above its epoch; otherwise the pod misbehaves and is treated
+	// as unreachable. Nil means Epoch, if it implements EpochRecord; else no claim can be
+	// checked, and the pods that make one get nothing while the engine goes on (never fenced).
+	Record EpochRecord
+	// EpochCheckEvery is the least time between two reads of Record, however many pods claim a
+	// newer epoch (their claims wait and are decided together); reads that fail are retried
+	// with doubling intervals up to RetryMax × 6.
+	EpochCheckEvery time.Duration
 	// Clock drives leases, renewals, retries and the ledger's timers; nil means the real clock.
 	// Per-request timeouts (PushTimeout) always run on real time.
 	Clock clock.Clock
@@ -95,7 +115,9 @@ type Options struct {
 	// accepted by an agent (a handler already running when the client gave up). The ledger
 	// assumes an unanswered push may start a lease until sentAt + PushTimeout + AcceptGrace.
 	AcceptGrace time.Duration
-	// Workers bounds the requests in flight at once.
+	// Workers bounds the requests in flight at once. One namespace may hold half of them, its
+	// requests to agents that have not answered their last request a quarter, and every
+	// namespace's such requests together half (the fair ready queue, docs/protocol.md §6).
 	Workers int
 	// RetryBase and RetryMax bound the exponential backoff (with jitter) after a failed request.
 	RetryBase, RetryMax time.Duration
@@ -156,6 +178,14 @@ func (o *Options) setDefaults() error {
 	def(&o.RetryBase, DefaultRetryBase)
 	def(&o.RetryMax, DefaultRetryMax)
 	def(&o.DrainPoll, DefaultDrainPoll)
+	def(&o.EpochCheckEvery, DefaultEpochCheckEvery)
+	if o.Record == nil {
+		if r, ok := o.Epoch.(EpochRecord); ok {
+			o.Record = r
+		} else {
+			o.Record = noRecord{}
+		}
+	}
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}
@@ -175,4 +205,12 @@ func (o *Options) setDefaults() error {
 		o.Logger = logr.Discard()
 	}
 	return nil
+}
+
+// noRecord is the EpochRecord of an engine given none: every read fails, so no claim of a newer
+// epoch is ever believed.
+type noRecord struct{}
+
+func (noRecord) CurrentEpoch(context.Context) (int64, error) {
+	return 0, errors.New("no epoch record to check a claim of a newer epoch against (Options.Record)")
 }

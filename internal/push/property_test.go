@@ -18,18 +18,23 @@ import (
 // TestLedgerProperty drives the engine's core through random sequences of desired changes,
 // pod churn, answered, lost, dropped, refused and late-landing pushes, network partitions, agent
 // restarts and manager restarts (a new epoch, with the old manager's pushes still in the air),
-// while model agents run calls under the permits they really hold. After every step:
+// and lying pods — some pods answer most requests with a State, a 409 or a 403 wrong-instance
+// claiming a huge epoch (while the agent behind them may have applied the push), and any answer
+// may be such a lie — with reads of the epoch record (which holds the running manager's epoch,
+// or fails) deciding the claims; while model agents run calls under the permits they really
+// hold. After every step:
 //
 //   - every plan that raises what a pod is counted at leaves Σ counted ≤ limit (the ledger may
 //     exceed the limit only through what the engine learns, never through what it grants);
 //   - Σ over pods of what they really hold — max(limit in force, calls in flight) for live agent
-//     processes, calls still running for old processes and deleted pods — ≤ limit.
+//     processes, calls still running for old processes and deleted pods — ≤ limit;
+//   - the engine is never fenced: no record read shows a newer manager.
 //
 // PROP_SEEDS=n runs n seeds (default 200; 40 with -short). PROP_SEED=s runs only seed s and logs
 // every change of the ledger; PROP_POD=p<i> also logs every request to and delivery at that pod.
 func TestLedgerProperty(t *testing.T) {
 	if s, err := strconv.Atoi(os.Getenv("PROP_SEED")); err == nil {
-		_, _ = runProperty(t, uint64(s))
+		runProperty(t, uint64(s))
 		return
 	}
 	seeds := 200
@@ -39,17 +44,24 @@ func TestLedgerProperty(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
 		seeds = n
 	}
-	batched := 0
+	var total propStats
 	for seed := range seeds {
-		_, b := runProperty(t, uint64(seed))
-		batched += b
+		st := runProperty(t, uint64(seed))
+		total.batched += st.batched
+		total.lies += st.lies
+		total.refuted += st.refuted
 	}
 	// The runs must start renewals together as the engine does to sign them in a batch
-	// (core.startRenewals), else they would check nothing of it.
-	if batched == 0 {
+	// (core.startRenewals), and have claims of a newer epoch refuted, else they would check
+	// nothing of either.
+	if total.batched == 0 {
 		t.Fatalf("%d runs started no renewal together with another", seeds)
 	}
-	t.Logf("%d renewals started together with another over %d runs", batched, seeds)
+	if total.refuted == 0 {
+		t.Fatalf("%d runs refuted no claim of a newer epoch (%d lies)", seeds, total.lies)
+	}
+	t.Logf("%d renewals started together with another, %d answers claiming a newer epoch (%d refuted by the record) over %d runs",
+		total.batched, total.lies, total.refuted, seeds)
 }
 
 // TestQuietRenewalProperty checks the renewal fast path (core.quietRenewal) over the same random
@@ -69,8 +81,7 @@ func TestQuietRenewalProperty(t *testing.T) {
 	}
 	quiet := 0
 	for seed := range seeds {
-		q, _ := runProperty(t, uint64(1_000_000+seed))
-		quiet += q
+		quiet += runProperty(t, uint64(1_000_000+seed)).quiet
 	}
 	if quiet == 0 {
 		t.Fatalf("%d runs took no quiet renewal", seeds)
@@ -87,6 +98,16 @@ type propPod struct {
 	listed      bool
 	terminating bool
 	permits, sd int32
+	// liar: most answers from the pod claim a huge epoch (the agent behind may still apply
+	// what it is sent).
+	liar bool
+}
+
+// propStats counts what one run exercised: renewals the engine took as quiet (each one checked:
+// see TestQuietRenewalProperty), renewals started together with another (core.startRenewals, as
+// Engine.signTogether does), answers claiming a newer epoch and claims the record refuted.
+type propStats struct {
+	quiet, batched, lies, refuted int
 }
 
 // propAgent is a pod's agent across process restarts; calls of older processes keep running.
@@ -117,10 +138,8 @@ type pending struct {
 	proc int       // the agent process the request went to: a request cannot outlive its connection
 }
 
-// runProperty runs one seed; it returns how many renewals the engine took as quiet (each one
-// checked: see TestQuietRenewalProperty), and how many it started together with another
-// (core.startRenewals, as Engine.signTogether does).
-func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
+// runProperty runs one seed and returns what it exercised.
+func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	h := newHarness(t, func(o *Options) {
 		o.UnreachableAfter = 1 + rng.IntN(3)
@@ -131,6 +150,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		pods     []*propPod
 		agents   = map[string]*propAgent{}
 		parted   = map[string]outcome{} // endpoint → how every request to it ends
+		liars    = map[string]bool{}    // endpoint → the pod lies (propPod.liar)
 		inflight []pending
 		landings []landing
 		epoch    = int64(1 + rng.IntN(5))
@@ -190,7 +210,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	}
 	h.c.afterPlan = planHook
 	quietHook := func(p *podState, before, after []int32) {
-		quiet++
+		stats.quiet++
 		if !slices.Equal(before, after) {
 			fail("quiet renewal of %s changed (counted, grant) per quota from %v to %v", p.name, before, after)
 		}
@@ -242,7 +262,9 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	newPod := func() *propPod {
 		i := len(pods)
 		p := &propPod{born: h.now, name: fmt.Sprintf("p%d", i), uid: types.UID(fmt.Sprintf("uid-%d-%d", seed, i)), endpoint: fmt.Sprintf("http://p%d", i), hasIP: rng.IntN(4) > 0, listed: true,
-			sd: rng.Int32N(limit/6 + 1)} // a pod's safe default is stable (it changes with the spec only)
+			sd:   rng.Int32N(limit/6 + 1), // a pod's safe default is stable (it changes with the spec only)
+			liar: rng.IntN(6) == 0}
+		liars[p.endpoint] = p.liar
 		pods = append(pods, p)
 		agents[p.endpoint] = &propAgent{cur: newModelAgent()}
 		agents[p.endpoint].cur.started = h.now
@@ -335,6 +357,24 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 				landings = append(landings, landing{at: at, endpoint: w.to.URL, proc: p.proc, a: w.assignment})
 			}
 			err = timeout
+		case lie:
+			// Something in the pod answers with a huge epoch; the agent behind it may have
+			// applied the push all the same.
+			if w.kind == kindPush && rng.IntN(2) == 0 && !ag.cur.dead && ag.proc == p.proc {
+				_, _ = deliver(w.to.URL, p.proc, w.assignment)
+			}
+			fake := *ag.cur.state(h.now)
+			fake.Epoch = []int64{1<<53 - 1, p.c.epoch + 1, p.c.epoch + 1 + rng.Int64N(1<<40)}[rng.IntN(3)]
+			fake.Generation = 1 + rng.Int64N(1<<53-1)
+			switch rng.IntN(3) {
+			case 0:
+				st = &fake // a 200
+			case 1:
+				err = &assignment.StaleError{State: fake} // a 409
+			default:
+				err = fmt.Errorf("pushing: %w", &assignment.StaleError{State: fake, Detail: "wrong-instance"}) // a 403 wrong-instance
+			}
+			stats.lies++
 		}
 		if p.c == h.c {
 			if w.kind == kindPush && w.body == nil {
@@ -350,8 +390,13 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		if o, ok := parted[endpoint]; ok {
 			return o
 		}
+		if liars[endpoint] && rng.IntN(10) < 6 {
+			return lie
+		}
 		r := rng.IntN(100)
 		switch {
+		case r < 2:
+			return lie
 		case late && r < 40:
 			return lost
 		case late && r < 70:
@@ -433,6 +478,23 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 		if live {
 			h.c.setQuota(desired(), h.now)
 		}
+	}
+	// readRecord is the Engine's read of the epoch record, which holds the running manager's
+	// epoch (no newer manager exists), or fails.
+	readRecord := func() {
+		upTo, ok := h.c.pendingClaim()
+		if !ok {
+			return
+		}
+		var err error
+		if rng.IntN(4) == 0 {
+			err = errors.New("etcdserver: request timed out")
+		}
+		before := len(h.c.claimants)
+		h.c.recordRead(upTo, epoch, err, h.now)
+		stats.refuted += before - len(h.c.claimants)
+		h.c.flush(h.now)
+		h.check()
 	}
 	for step = 0; step < 500; step++ {
 		r := rng.IntN(100)
@@ -520,6 +582,9 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			epoch += int64(1 + rng.IntN(3))
 			setQ()
 			h.c.begin(epoch, h.now)
+		case r < 33:
+			lastMsg = "epoch record read"
+			readRecord()
 		case r < 55:
 			lastMsg = "start requests"
 			for h.c.hasReady() {
@@ -529,7 +594,7 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 					// other renewals ready with it, to be signed together.
 					if batchable(w) && rng.IntN(4) != 0 {
 						for _, w2 := range h.c.startRenewals(1+rng.IntN(8), h.now) {
-							batched++
+							stats.batched++
 							inflight = append(inflight, pending{w: w2, c: h.c, dl: w2.sentAt.Add(hPT), proc: agents[w2.to.URL].proc})
 						}
 					}
@@ -558,8 +623,9 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			fail("fenced: epochs only grow")
 		}
 	}
-	// Liveness: healed and quiet, everything converges.
+	// Liveness: healed, truthful and quiet, everything converges.
 	clear(parted)
+	clear(liars)
 	if !live {
 		live = true
 		uidN++
@@ -567,6 +633,9 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	}
 	for range 200 {
 		tick(100 * time.Millisecond)
+		for range 4 { // decides every claim (a read may fail)
+			readRecord()
+		}
 		for h.c.hasReady() {
 			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
 				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
@@ -585,6 +654,9 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 			break
 		}
 		tick(100 * time.Millisecond)
+		for range 4 {
+			readRecord()
+		}
 		for h.c.hasReady() {
 			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
 				complete(pending{w: w, c: h.c, proc: agents[w.to.URL].proc}, ok)
@@ -595,10 +667,13 @@ func runProperty(t *testing.T, seed uint64) (quiet, batched int) {
 	if !rep.Converged {
 		fail("did not converge once healed: %+v", rep)
 	}
-	return quiet, batched
+	return stats
 }
 
-const delayed outcome = 100 // lands later, within its acceptance bound; the engine times out
+const (
+	delayed outcome = 100 // lands later, within its acceptance bound; the engine times out
+	lie     outcome = 101 // answered with a huge epoch (a State, a 409 or a 403 wrong-instance)
+)
 
 func pick[T any](rng *rand.Rand, xs []T, ok func(T) bool) T {
 	var c []T

@@ -37,11 +37,15 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 		if c.unreachable(e.pod) {
 			r.Unreachable = append(r.Unreachable, e.pod.name)
 		}
+		if e.pod.misbehaving {
+			r.Misbehaving = append(r.Misbehaving, e.pod.name)
+		}
 		if e.present && e.pod.endpoint != "" && !s {
 			r.Converged = false
 		}
 	}
 	slices.Sort(r.Unreachable)
+	slices.Sort(r.Misbehaving)
 	if !q.rebalancing {
 		r.LastRebalanceDuration = q.lastRebalance
 	}
@@ -74,6 +78,9 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		}
 		if !e.present {
 			flags |= 4
+		}
+		if e.pod.misbehaving {
+			flags |= 8
 		}
 		mix(uint64(i))
 		mix(uint64(uint32(e.grant))<<32 | uint64(uint32(counts[i])))

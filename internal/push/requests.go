@@ -49,19 +49,29 @@ type work struct {
 	epoch    int64
 	out      *assignment.Outgoing
 	deadline time.Time
+	// unproven: the request was queued in bandUnproven; it counts against the bounds of
+	// unproven requests of its flow (readyQueue) until finishWork.
+	unproven bool
 }
 
-// startWork turns a ready pod into a request. For a push it reserves the version in the
-// ledger before anything is sent: from here on the agent may hold it.
+// startWork turns a ready pod (popReady) into a request. For a push it reserves the version in
+// the ledger before anything is sent: from here on the agent may hold it. The request is held by
+// the pod's flow (readyQueue.acquire) until finishWork. nil for nil.
 func (c *core) startWork(p *podState, now time.Time) *work {
+	if p == nil {
+		return nil
+	}
 	p.queued = false
 	at, kind := c.due(p, now)
 	if kind == kindNone || at.After(now) {
 		c.schedule(p, now)
 		return nil
 	}
-	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch,
+	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch, unproven: p.band == bandUnproven,
 		to: assignment.Endpoint{URL: p.endpoint, Pod: p.namespace + "/" + p.name}}
+	if kind == kindPush && p.failures == 0 && p.content.Generation == p.okGen && !p.renewAt.IsZero() {
+		c.renewalStarted(p, now.Sub(p.renewAt))
+	}
 	if kind == kindPush {
 		v := p.version(p.content.Generation)
 		if v == nil {
@@ -79,7 +89,20 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		}
 	}
 	p.busy = w
+	c.ready.acquire(p.namespace, w.unproven)
 	return w
+}
+
+// renewalStarted notes how long after it was due a renewal started (the renewal delay metric;
+// the hostile-pods test reads it through onRenewal).
+func (c *core) renewalStarted(p *podState, late time.Duration) {
+	late = max(late, 0)
+	if c.metrics != nil {
+		c.metrics.renewalDelay.Observe(late.Seconds())
+	}
+	if c.onRenewal != nil {
+		c.onRenewal(p, late)
+	}
 }
 
 // batchable says whether a started request may be signed in a batch with others: a renewal
@@ -96,25 +119,21 @@ func renewing(p *podState) bool {
 	return p.batchSig && p.failures == 0 && p.content != nil && p.content.Generation == p.okGen
 }
 
-// startRenewals starts up to limit of the ready renewals that batchable would allow, in their
-// order, and leaves the other ready requests queued in theirs. Renewals are the lowest priority
-// (priority), so only that queue is searched: the caller started one from it, so nothing of a
-// higher priority was ready.
+// startRenewals starts up to limit of the ready renewals that batchable would allow, taken in
+// the fair queue's order (readyQueue.popRenewal: the flow holding the fewest requests first), and
+// leaves the other ready requests queued in theirs.
 func (c *core) startRenewals(limit int, now time.Time) []*work {
-	q := c.ready[len(c.ready)-1]
 	var out []*work
-	rest := q[:0]
-	for _, p := range q {
-		if len(out) < limit && c.renewalReady(p, now) {
-			if w := c.startWork(p, now); w != nil {
-				out = append(out, w)
-			}
-			continue
+	ok := func(p *podState) bool { return c.renewalReady(p, now) }
+	for len(out) < limit {
+		p := c.ready.popRenewal(ok)
+		if p == nil {
+			break
 		}
-		rest = append(rest, p)
+		if w := c.startWork(p, now); w != nil {
+			out = append(out, w)
+		}
 	}
-	clear(q[len(rest):])
-	c.ready[len(c.ready)-1] = rest
 	return out
 }
 
@@ -145,6 +164,7 @@ func landed(err error) bool {
 func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Time) {
 	p := w.pod
 	p.busy = nil
+	c.ready.release(p.namespace, w.unproven)
 	if w.version != nil {
 		w.version.sendEnd = time.Time{}
 	}
@@ -152,6 +172,14 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		return
 	}
 	var stale *assignment.StaleError
+	if !errors.As(err, &stale) {
+		stale = nil
+	}
+	if epoch := c.claimed(st, stale); epoch > 0 && (err == nil || stale != nil) {
+		// Not believed until the epoch record says so (claims.go), whatever the answer's shape.
+		c.claim(w, epoch, now)
+		return
+	}
 	switch {
 	case err == nil && st != nil && c.quietRenewal(w, st):
 		c.renewQuietly(w, st, now)
@@ -170,7 +198,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 			c.removePod(p)
 			return
 		}
-	case errors.As(err, &stale):
+	case stale != nil:
 		p.failures, p.retryAt = 0, time.Time{}
 		c.applyState(p, &stale.State, now)
 	default:

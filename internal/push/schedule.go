@@ -49,7 +49,11 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 	if p.removed || p.busy != nil || !c.started || c.fenced || p.endpoint == "" {
 		return time.Time{}, kindNone
 	}
-	if !p.known {
+	if p.claimSeq != 0 {
+		return time.Time{}, kindNone // its claim of a newer epoch waits for the epoch record (claims.go)
+	}
+	if !p.known || p.misbehaving {
+		// A pod that misbehaved is only asked (GET), after its backoff, until it answers truly.
 		return maxTime(now, p.retryAt), kindProbe
 	}
 	var at time.Time
@@ -81,24 +85,35 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 	return maxTime(at, now), kind
 }
 
-// priority orders ready work: lowerings first (they free room for everyone), then probes and
-// other changes, then renewals and polls.
-func (c *core) priority(p *podState, kind workKind) int {
-	if kind != kindPush || p.content.Generation == p.okGen {
-		if kind == kindProbe {
-			return 1
-		}
-		return 2
+// proven says whether the pod's agent answered its last request, truthfully as far as the
+// engine can tell: it is known, its last request did not fail, and it did not answer with an
+// epoch no manager holds. Requests to other pods are the ones that may hang until PushTimeout:
+// they wait in bandUnproven, after every request to a proven pod.
+func proven(p *podState) bool {
+	return p.known && p.failures == 0 && !p.misbehaving && p.claimSeq == 0
+}
+
+// band orders ready work (readyQueue): for proven pods, lowerings first (they free room for
+// everyone), then probes and other changes, then renewals and polls; every request to a pod that
+// is not proven after all of those.
+func (c *core) band(p *podState, kind workKind) int {
+	switch {
+	case !proven(p):
+		return bandUnproven
+	case kind == kindProbe:
+		return bandChange
+	case kind != kindPush || p.content.Generation == p.okGen:
+		return bandRenew
 	}
 	if n := len(p.versions); n > 0 {
 		last := p.versions[n-1]
 		for _, e := range p.entries {
 			if h, ok := last.hold(e.quota.key.Name); ok && e.grant < h.permits {
-				return 0
+				return bandLower
 			}
 		}
 	}
-	return 1
+	return bandChange
 }
 
 func (c *core) schedule(p *podState, now time.Time) {
@@ -112,8 +127,8 @@ func (c *core) schedule(p *podState, now time.Time) {
 	}
 	if !at.After(now) {
 		p.queued = true
-		pr := c.priority(p, kind)
-		c.ready[pr] = append(c.ready[pr], p)
+		p.band = c.band(p, kind)
+		c.ready.push(p.namespace, p.band, p)
 		return
 	}
 	if !p.wakeAt.Equal(at) {
@@ -165,26 +180,15 @@ func (c *core) nextWake() time.Time {
 	return c.timers[0].at
 }
 
-func (c *core) hasReady() bool {
-	return len(c.ready[0])+len(c.ready[1])+len(c.ready[2]) > 0
-}
+// hasReady says whether a worker may start a request now (popReady would return a pod).
+func (c *core) hasReady() bool { return c.ready.ready() }
 
-// hasUrgent says whether a request of a higher priority than a renewal or a poll is ready.
-func (c *core) hasUrgent() bool {
-	return len(c.ready[0])+len(c.ready[1]) > 0
-}
+// hasUrgent says whether a request of a higher priority than a renewal or a poll may start now:
+// a lowering, a change or a probe of a proven pod.
+func (c *core) hasUrgent() bool { return c.ready.urgent() }
 
-func (c *core) popReady() *podState {
-	for i := range c.ready {
-		if len(c.ready[i]) > 0 {
-			p := c.ready[i][0]
-			c.ready[i][0] = nil
-			c.ready[i] = c.ready[i][1:]
-			return p
-		}
-	}
-	return nil
-}
+// popReady takes the pod whose turn it is (readyQueue.pop); nil when no flow may start a request.
+func (c *core) popReady() *podState { return c.ready.pop() }
 
 // renewDelay is the time to the next renewal: RenewEvery less up to a quarter, at random, so
 // that pods pushed together (a rebalance) do not renew in one burst forever. Renewing early is

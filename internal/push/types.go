@@ -78,8 +78,13 @@ type Report struct {
 	Ledger int32
 	// Holdings per pod, sorted by name.
 	Holdings []Holding
-	// Unreachable lists pods whose last Options.UnreachableAfter requests failed, sorted.
+	// Unreachable lists pods whose last Options.UnreachableAfter requests failed, sorted. A pod
+	// whose agent answered with an epoch above the engine's is unreachable at once.
 	Unreachable []string
+	// Misbehaving lists the pods (of Unreachable) whose agent answered with an epoch no manager
+	// holds (above the manager's epoch record), sorted: their answers are not believed until
+	// one is not above the engine's epoch (docs/protocol.md §9).
+	Misbehaving []string
 	// LastRebalanceDuration is from the last change of desired permits until every reachable pod
 	// acknowledged it; zero while one is still under way.
 	LastRebalanceDuration time.Duration
@@ -133,4 +138,8 @@ const (
 	// had forgotten (its pod left every quota, e.g. the quota was deleted, and came back). The
 	// engine counted what it held and pushed it again; nothing stopped.
 	ReasonAgentRelearned = "AgentRelearned"
+	// ReasonAgentClaimsNewerEpoch: a pod's agent answered with an epoch above any a manager
+	// holds (the manager's epoch record): a false answer, from a hostile or broken pod. The
+	// engine treats the pod as unreachable and goes on for everyone else; nothing stopped.
+	ReasonAgentClaimsNewerEpoch = "AgentClaimsNewerEpoch"
 )
