@@ -49,8 +49,9 @@ const hostileLeaseTTL = 4 * time.Second
 //  3. every honest agent's lease is renewed on time: 0 lapses (the worst renewal gap is printed);
 //  4. the honest quota's Σ permits and Σ in-flight stay within its limit, 0 × 429 (the monitor's
 //     and the downstream's usual checks);
-//  5. the tenant's apportion-trust ends holding exactly the keys the manager published (or a
-//     Warning Event says the manager refuses that namespace);
+//  5. the tenant's apportion-trust ends holding exactly the keys the manager published, within
+//     trustRestoreWithin of the tenant's last edit (the manager repairs it; it never gives up on a
+//     namespace, so no Event counts instead);
 //  6. the manager talks to an injected pod's genuine agent, never to the port the pod's own
 //     annotation names.
 //
@@ -148,7 +149,7 @@ func TestHostileTenant(t *testing.T) {
 
 	// 6. An injected pod's agent is the injected one.
 	if ht != nil {
-		checkInjected(t, ctx, ht, trustVerdict)
+		checkInjected(t, ctx, ht)
 	}
 
 	// 4. Σ ≤ limit and no 429 for the honest quota (and its other usual checks).
@@ -192,7 +193,7 @@ func TestHostileTenant(t *testing.T) {
 	// The tenant's pods were reached (unless the manager refused their namespace): the scenario
 	// tested what it says it did.
 	if ht != nil {
-		reportHostile(t, ht, kinds, running && !strings.Contains(trustVerdict, "refuses"))
+		reportHostile(t, ht, kinds, running)
 		logWarnings(t, ctx, s.Env.CP.Client, tenantNS)
 	}
 	t.Logf("FIGURES: %d hostile pods (up %.1fs after the start); manager peak resident memory %s (VmHWM, %d samples), running at the end %v; honest leases: %d agents, worst renewal gap %s, least lease left %s, %d lapses; %s",
@@ -256,8 +257,9 @@ func dur2(short, long int) int {
 }
 
 // checkTrust waits until the tenant's trust ConfigMap holds exactly the keys the manager
-// published (those of the honest namespace's), or a Warning Event in the tenant's namespace
-// names the trust ConfigMap (the manager refuses the namespace); it returns what it found.
+// published (those of the honest namespace's), as plain, mutable data, and returns what it found.
+// The manager's Warning Events about the ConfigMap (TrustConfigMapRestored) are logged, not taken
+// for a repair: the ConfigMap itself must show it.
 func checkTrust(t *testing.T, ctx context.Context, s *harness.Scenario, tenantNS string, lastEdit time.Time) string {
 	t.Helper()
 	cp := s.Env.CP
@@ -278,7 +280,7 @@ func checkTrust(t *testing.T, ctx context.Context, s *harness.Scenario, tenantNS
 			last = err.Error()
 		case cm == nil:
 			last = "no ConfigMap"
-		case maps.Equal(cm.Data, published.Data) && len(cm.BinaryData) == 0:
+		case maps.Equal(cm.Data, published.Data) && len(cm.BinaryData) == 0 && (cm.Immutable == nil || !*cm.Immutable):
 			v := fmt.Sprintf("trust: the tenant's %s holds exactly the %d published keys %s after its last edit (labels %v, immutable %v)",
 				harness.TrustConfigMap, len(cm.Data), time.Since(lastEdit).Round(time.Millisecond), cm.Labels, cm.Immutable != nil && *cm.Immutable)
 			t.Log(v)
@@ -287,13 +289,8 @@ func checkTrust(t *testing.T, ctx context.Context, s *harness.Scenario, tenantNS
 			last = fmt.Sprintf("keys %v (published %v), %d binary, labels %v, immutable %v",
 				slices.Sorted(maps.Keys(cm.Data)), slices.Sorted(maps.Keys(published.Data)), len(cm.BinaryData), cm.Labels, cm.Immutable != nil && *cm.Immutable)
 		}
-		if note := trustRefusal(ctx, cp.Client, tenantNS); note != "" {
-			v := fmt.Sprintf("trust: the manager refuses the tenant's namespace (Warning Event: %q); its %s: %s", note, harness.TrustConfigMap, last)
-			t.Log(v)
-			return v
-		}
 		if time.Now().After(deadline) {
-			t.Errorf("PROMISE 5 BROKEN — the tenant's %s must hold exactly the keys the manager published within %s of the tenant's last edit (%s), or a Warning Event must say the namespace is refused; it holds %s, and no such Event",
+			t.Errorf("PROMISE 5 BROKEN — the tenant's %s must hold exactly the keys the manager published, mutable, within %s of the tenant's last edit (%s); it holds %s",
 				harness.TrustConfigMap, trustRestoreWithin, harness.EditFinal, last)
 			return "trust: NOT restored: " + last
 		}
@@ -303,37 +300,14 @@ func checkTrust(t *testing.T, ctx context.Context, s *harness.Scenario, tenantNS
 	}
 }
 
-// trustRefusal is the note of a Warning Event in namespace that names the trust ConfigMap ("" if
-// none): the manager saying it will not push there.
-func trustRefusal(ctx context.Context, c client.Client, namespace string) string {
-	var evs eventsv1.EventList
-	if err := c.List(ctx, &evs, client.InNamespace(namespace)); err == nil {
-		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, harness.TrustConfigMap) {
-				return e.Note
-			}
-		}
-	}
-	var old corev1.EventList
-	if err := c.List(ctx, &old, client.InNamespace(namespace)); err == nil {
-		for _, e := range old.Items {
-			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, harness.TrustConfigMap) {
-				return e.Message
-			}
-		}
-	}
-	return ""
-}
-
 // checkInjected asserts that the manager configured every injected pod's genuine agent and
-// never called the port the pod's own annotation names — unless it refused the namespace.
-func checkInjected(t *testing.T, ctx context.Context, ht *harness.HostileTenant, trustVerdict string) {
+// never called the port the pod's own annotation names.
+func checkInjected(t *testing.T, ctx context.Context, ht *harness.HostileTenant) {
 	t.Helper()
 	agents := ht.InjectedAgents()
 	if len(agents) == 0 {
 		return
 	}
-	refused := strings.Contains(trustVerdict, "refuses")
 	errs := make([]error, len(agents))
 	var wg sync.WaitGroup
 	for i, a := range agents {
@@ -353,7 +327,7 @@ func checkInjected(t *testing.T, ctx context.Context, ht *harness.HostileTenant,
 		t.Errorf("PROMISE 6 BROKEN — for an injected pod the manager must talk to the injected agent only: it sent %d requests to port %d, which the pods' own %s annotation names",
 			called, harness.InjectedPort, "apportion.io/agent-port")
 	}
-	if len(unconfigured) > 0 && !refused {
+	if len(unconfigured) > 0 {
 		t.Errorf("PROMISE 6 BROKEN — the genuine injected agents of %v were never configured by the manager (no /readyz within 10s): it did not talk to them", unconfigured)
 	}
 }
