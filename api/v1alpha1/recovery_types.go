@@ -25,11 +25,12 @@ type Recovery struct {
 	// +kubebuilder:default="1s"
 	// +optional
 	Window *metav1.Duration `json:"window,omitempty"`
-	// ramp widens the effective limit step by step after the breaker closes, after a lapsed
-	// lease is renewed and when a pod first gets permits, and only after consecutive healthy
+	// ramp widens the effective limit step by step after the breaker closes (and, with
+	// adaptive on, from the adaptive limit after it dropped), and only after consecutive healthy
 	// windows (failure and slow-call rates below the breaker's thresholds, and the mean
-	// latency below latencyTarget when set). Default: Linear from 10 % of the permits, +10 %
-	// after every 2 healthy windows of 1 s.
+	// latency below latencyTarget when set). A pod's first permits, a raise and permits
+	// restored after a lapsed lease apply at once. Default: Linear from 10 % of the
+	// permits, +10 % after every 2 healthy windows of 1 s.
 	// +kubebuilder:default={}
 	// +optional
 	Ramp *RecoveryRamp `json:"ramp,omitempty"`

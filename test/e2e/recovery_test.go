@@ -251,6 +251,18 @@ func runRecovery(t *testing.T, withRamp bool) recoveryRun {
 			Ramp: &assignment.Ramp{Shape: assignment.ShapeLinear, InitialPercent: 10, StepPercent: 10, HealthyWindows: 4}}
 	}
 	ags := bootAgents(t, ctx, agents, assignment.Assignment{Downstreams: []assignment.Downstream{d}})
+	// A pod's first permits are not the downstream recovering: with the ramp on too, each agent
+	// enforces its full permits from the start (before any call, so nothing else could have
+	// widened a ramp).
+	for i, a := range ags {
+		st, err := agentState(ctx, a)
+		if err != nil || len(st.Downstreams) != 1 {
+			t.Fatalf("agent %d state: %v", i, err)
+		}
+		if s := st.Downstreams[0]; s.Limit != permits {
+			t.Fatalf("agent %d enforces %d of its %d first permits (ramp %v): want them all at once", i, s.Limit, permits, withRamp)
+		}
+	}
 	load := closedLoad(ctx, ags, "fragile", permits+4)
 	defer func() { cancel(); load.Wait() }()
 
@@ -267,7 +279,7 @@ func runRecovery(t *testing.T, withRamp bool) recoveryRun {
 		}
 		return true
 	}
-	// Steady state first (the ramp of the first permits, with the ramp on).
+	// Steady state first.
 	deadline := time.Now().Add(30 * time.Second)
 	for !fullNow() {
 		if time.Now().After(deadline) {
@@ -309,9 +321,10 @@ func runRecovery(t *testing.T, withRamp bool) recoveryRun {
 	return r
 }
 
-// TestRecoveryRamp: after an incident, with the ramp each agent's breaker trips once and the
-// downstream recovers; without it (the control) the full permits come back at once onto a
-// downstream that cannot take them yet, and breakers trip again.
+// TestRecoveryRamp: the agents' first permits apply at once, ramp or not (a new pod is not the
+// downstream recovering); after an incident, with the ramp (started by each breaker's close)
+// each agent's breaker trips once and the downstream recovers; without it (the control) the full
+// permits come back at once onto a downstream that cannot take them yet, and breakers trip again.
 func TestRecoveryRamp(t *testing.T) {
 	// Agents only (no control plane): it runs without KUBEBUILDER_ASSETS too.
 	ramp := runRecovery(t, true)

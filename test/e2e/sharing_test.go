@@ -339,8 +339,8 @@ func atFull(st *assignment.State, ds string, want int32) bool {
 //
 // What is asserted holds on a busy machine too (make test runs this beside other packages'
 // builds). The cap is checked whenever an agent enforces its full permits (atFull): a renewal
-// late enough to lapse the lease lowers the limit, so does the recovery ramp (restarted at 10 %
-// by a renewal after a lapse, halved by a window of slow calls), and calls granted before may
+// late enough to lapse the lease lowers the limit, so does the recovery ramp after a breaker
+// closed (from 10 %, halved by a window of slow calls), and calls granted before may
 // then hold more than the lowered limit lends, by design (no permit is revoked). Core's calls
 // all succeed on a quiet machine; a starved one can stretch a borrower's 100 ms call past core's
 // 400 ms acquire timeout, or lower the limit and core's reserve with it for a while, so the test
@@ -373,11 +373,10 @@ func TestLanes(t *testing.T) {
 			})
 		}
 	}
-	// The agents ramp their limit up from 10 % of the permits when they first get them (package
-	// recovery: a step per two healthy 1 s windows, which need calls), and step it back on a
-	// window of slow calls: measure the flood at the full limits where the machine allows, so
-	// that the cap is checked under core's traffic too; a starved machine may not get there, and
-	// then only the checks at the full permits below are skipped.
+	// The agents enforce their first permits at once, but a starved machine can lapse a lease or
+	// trip a breaker (whose close starts the recovery ramp): measure the flood at the full limits
+	// where the machine allows, so that the cap is checked under core's traffic too; a starved
+	// machine may not get there, and then only the checks at the full permits below are skipped.
 	perPod := s.PerPod(4)
 	t1 := time.Now()
 	for time.Since(t1) < 45*time.Second {

@@ -37,10 +37,16 @@
 //
 // Recovery. Within what the grant allows (the permits, or the safe limit after the lease passed:
 // the base, reported as EffectivePermits), a downstream with a recovery configuration narrows its
-// limit with package recovery: a ramp started when the downstream first gets permits, when its
-// breaker closes after half-open probes, and when a lapsed lease is renewed; and the adaptive
-// limit. The limit in force (reported as Limit) is min(base, the recovery limit); the recovery
-// controller widens it back up to the base on its own, so the manager counts the base.
+// limit with package recovery, and only on the downstream's own evidence: a ramp started when its
+// breaker closes after half-open probes, the adaptive limit, and a ramp from the adaptive limit
+// when that limit drops. The pod's lifecycle starts no ramp: a downstream's first permits (a new
+// pod), a raise, and permits restored by a renewal or a newer assignment after a lapsed lease
+// apply at once — the lapse is the control plane's failure, and the breaker and the adaptive
+// limit keep judging the downstream through it. The recovery controller works within the
+// permits granted; the safe limit is applied outside it, so a lapse leaves a ramp in progress and
+// the adaptive estimate untouched. The limit in force (reported as Limit) is min(base, the
+// recovery limit); the recovery controller widens it back up to the base on its own, so the
+// manager counts the base.
 //
 // Readiness: Ready is true once an Assignment or the bootstrap was applied, until SetDraining.
 package enforce
@@ -219,8 +225,8 @@ func (e *Enforcer) renewLocked(a *assignment.Assignment, now, end time.Time) {
 	if e.leaseExpired {
 		e.leaseExpired = false
 		for _, ds := range e.table.Load().byName {
-			ds.setEffective(ds.Config().Permits)
-			ds.StartRamp() // back from the safe default: recover gradually
+			// At once: the lapse was the control plane's, not the downstream's (the package doc).
+			ds.setBase(ds.Config().Permits, ds.Config().Permits)
 		}
 		e.log.Info("lease renewed after it had expired; permits restored", "epoch", e.epoch, "generation", e.gen)
 	}
@@ -236,9 +242,6 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	}
 	held, _ := json.Marshal(a)
 	// From here on nothing fails.
-	// A newer assignment that ends a lapsed lease restores the permits as a renewal does: through
-	// the recovery ramp.
-	restored := e.configured && e.leaseExpired && !bootstrap && end.After(now)
 	var created []string
 	for i, d := range a.Downstreams {
 		cfg := cfgs[i]
@@ -249,13 +252,12 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 		} else {
 			ds.reconfigure(cfg, now)
 		}
+		// A newer assignment that ends a lapsed lease restores the permits as a renewal does: at
+		// once.
 		if bootstrap || !end.After(now) {
-			ds.setEffective(cfg.SafeLimit())
+			ds.setBase(cfg.SafeLimit(), cfg.Permits)
 		} else {
-			ds.setEffective(cfg.Permits)
-			if restored {
-				ds.StartRamp()
-			}
+			ds.setBase(cfg.Permits, cfg.Permits)
 		}
 		nt.byName[d.Name] = ds
 	}
@@ -326,7 +328,7 @@ func (e *Enforcer) expireLocked(seq uint64) {
 	e.leaseExpired = true
 	t := e.table.Load()
 	for _, ds := range t.byName {
-		ds.setEffective(ds.Config().SafeLimit())
+		ds.setBase(ds.Config().SafeLimit(), ds.Config().Permits)
 	}
 	// Cleared only now: Table reads the deadline without the lock and, while it is set, takes the
 	// lock to expire it, so a reader that races the lease's timer waits for the safe limits to be

@@ -27,50 +27,20 @@ func healthyWindow(e *Enforcer, clk interface{ Step(time.Duration) }, name strin
 	d.Tick()
 }
 
-// TestRampOnFirstPermits: a downstream's first permits come in a ramp, widened only by healthy
-// windows, up to the permits and never above.
-func TestRampOnFirstPermits(t *testing.T) {
-	e, clk := newTestEnforcer(t)
-	mustApply(t, e, asg(1, 1, 10*time.Minute, withRamp(ds("a", 20, 5)), ds("plain", 20, 5)))
-	if got := effective(t, e, "plain"); got != 20 {
-		t.Fatalf("no recovery configured: %d, want 20 at once", got)
-	}
-	if got := effective(t, e, "a"); got != 2 {
-		t.Fatalf("first permits: %d, want the ramp's start 2", got)
-	}
-	clk.Step(5 * time.Second)
-	e.Table().Lookup("a").Tick()
-	if got := effective(t, e, "a"); got != 2 {
-		t.Fatalf("windows without calls: %d, want 2 held", got)
-	}
-	for _, want := range []int{8, 14, 20, 20} {
-		healthyWindow(e, clk, "a", 10)
-		if got := effective(t, e, "a"); got != want {
-			t.Fatalf("after a healthy window: %d, want %d", got, want)
-		}
-	}
-	st := e.State().Downstreams[0]
-	if st.Permits != 20 || st.EffectivePermits != 20 {
-		t.Fatalf("state %+v", st)
-	}
-	// A higher grant later is not a first grant: it applies at once.
-	mustApply(t, e, asg(1, 2, 10*time.Minute, withRamp(ds("a", 30, 5)), ds("plain", 20, 5)))
-	if got := effective(t, e, "a"); got != 30 {
-		t.Fatalf("raised grant: %d, want 30", got)
-	}
+// withAdaptive adds adaptive concurrency to d's recovery (d has one from withRamp).
+func withAdaptive(d assignment.Downstream) assignment.Downstream {
+	r := *d.Recovery
+	r.Adaptive = &assignment.Adaptive{TolerancePercent: 150, BaselineWindows: 60, MinLimit: 1}
+	d.Recovery = &r
+	return d
 }
 
-// TestRampAfterBreakerCloses: the breaker's close (its probes succeeded) starts a ramp.
-func TestRampAfterBreakerCloses(t *testing.T) {
-	e, clk := newTestEnforcer(t)
-	mustApply(t, e, asg(1, 1, 10*time.Minute, withRamp(ds("a", 10, 5))))
-	for range 4 {
-		healthyWindow(e, clk, "a", 10)
-	}
-	if got := effective(t, e, "a"); got != 10 {
-		t.Fatalf("ramped: %d, want 10", got)
-	}
-	d := e.Table().Lookup("a")
+// tripAndClose opens d's breaker with failing calls and closes it with a successful probe.
+func tripAndClose(t *testing.T, d *Downstream, clk interface {
+	Now() time.Time
+	Step(time.Duration)
+}) {
+	t.Helper()
 	b := d.Breaker()
 	for range 4 {
 		tk, _, ok := b.Allow(clk.Now())
@@ -91,8 +61,83 @@ func TestRampAfterBreakerCloses(t *testing.T) {
 	if b.State(clk.Now()) != breaker.Closed {
 		t.Fatal("breaker did not close")
 	}
-	if got := effective(t, e, "a"); got != 1 {
-		t.Fatalf("after the breaker closed: %d, want the ramp's start 1", got)
+}
+
+// settle runs healthy windows until name's ramp (if any) is over: a no-op now that first
+// permits apply at once, kept so that the tests below fail for their own reason on an agent that
+// ramps first permits.
+func settle(t *testing.T, e *Enforcer, clk interface{ Step(time.Duration) }, name string) {
+	t.Helper()
+	for range 20 {
+		if !ramping(t, e, name) {
+			return
+		}
+		healthyWindow(e, clk, name, 10)
+	}
+	t.Fatalf("%s: still ramping after 20 healthy windows", name)
+}
+
+func ramping(t *testing.T, e *Enforcer, name string) bool {
+	t.Helper()
+	st, ok := e.Table().Lookup(name).Recovery()
+	if !ok {
+		t.Fatalf("%s: no recovery configured", name)
+	}
+	return st.Ramping
+}
+
+// TestFirstPermitsAtOnce: a pod's first permits are not the downstream recovering: with the ramp
+// and adaptive concurrency configured they apply at once — from nothing, from a fail-closed
+// bootstrap, for a downstream added later, and from 0 permits — and so does a raise.
+func TestFirstPermitsAtOnce(t *testing.T) {
+	e, _ := newTestEnforcer(t)
+	mustApply(t, e, asg(1, 1, 10*time.Minute, withRamp(ds("a", 20, 5)), withAdaptive(withRamp(ds("b", 20, 5)))))
+	for _, name := range []string{"a", "b"} {
+		if got := effective(t, e, name); got != 20 || ramping(t, e, name) {
+			t.Fatalf("%s, first permits: %d (ramping %v), want the permits 20 at once", name, got, ramping(t, e, name))
+		}
+	}
+	// A downstream added by a later assignment, one at 0 permits (more pods than the budget),
+	// then its first permits, and a raise: all at once.
+	mustApply(t, e, asg(1, 2, 10*time.Minute, withRamp(ds("a", 20, 5)), withRamp(ds("c", 0, 0))))
+	if got := effective(t, e, "c"); got != 0 {
+		t.Fatalf("c at 0 permits: %d", got)
+	}
+	mustApply(t, e, asg(1, 3, 10*time.Minute, withRamp(ds("a", 30, 5)), withRamp(ds("c", 12, 0))))
+	if got := effective(t, e, "c"); got != 12 || ramping(t, e, "c") {
+		t.Fatalf("c, first permits after 0: %d (ramping %v), want 12 at once", got, ramping(t, e, "c"))
+	}
+	if got := effective(t, e, "a"); got != 30 {
+		t.Fatalf("a raised to 30: %d, want 30 at once", got)
+	}
+
+	// A fresh agent bootstrapped fail-closed (base 0), then the manager's first push.
+	e2, _ := newTestEnforcer(t)
+	boot := withRamp(ds("a", 20, 0))
+	boot.FailClosed = true
+	if err := e2.ApplyBootstrap(asg(0, 0, time.Minute, boot)); err != nil {
+		t.Fatal(err)
+	}
+	if got := effective(t, e2, "a"); got != 0 {
+		t.Fatalf("fail-closed bootstrap: %d, want 0", got)
+	}
+	mustApply(t, e2, asg(1, 1, 10*time.Minute, withRamp(ds("a", 20, 5))))
+	if got := effective(t, e2, "a"); got != 20 || ramping(t, e2, "a") {
+		t.Fatalf("first push after a fail-closed bootstrap: %d (ramping %v), want 20 at once", got, ramping(t, e2, "a"))
+	}
+}
+
+// TestRampAfterBreakerCloses: the breaker's close (its probes succeeded) starts a ramp.
+func TestRampAfterBreakerCloses(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	mustApply(t, e, asg(1, 1, 10*time.Minute, withRamp(ds("a", 10, 5))))
+	if got := effective(t, e, "a"); got != 10 {
+		t.Fatalf("first permits: %d, want 10 at once", got)
+	}
+	d := e.Table().Lookup("a")
+	tripAndClose(t, d, clk)
+	if got := effective(t, e, "a"); got != 1 || !ramping(t, e, "a") {
+		t.Fatalf("after the breaker closed: %d (ramping %v), want the ramp's start 1", got, ramping(t, e, "a"))
 	}
 	// A failing window lowers nothing below the start and widens nothing.
 	for range 10 {
@@ -103,41 +148,117 @@ func TestRampAfterBreakerCloses(t *testing.T) {
 	if got := effective(t, e, "a"); got != 1 {
 		t.Fatalf("after a failing window: %d, want 1", got)
 	}
+	// Healthy windows widen it (+30 % of 10 each) back to the permits; a raise meanwhile widens
+	// only as the ramp does.
+	healthyWindow(e, clk, "a", 10)
+	if got := effective(t, e, "a"); got != 4 {
+		t.Fatalf("after a healthy window: %d, want 4", got)
+	}
+	mustApply(t, e, asg(1, 2, 10*time.Minute, withRamp(ds("a", 20, 5))))
+	if got := effective(t, e, "a"); got != 4 {
+		t.Fatalf("a raise during the ramp: %d, want 4 (held by the ramp)", got)
+	}
+	for _, want := range []int{10, 16, 20} {
+		healthyWindow(e, clk, "a", 10)
+		if got := effective(t, e, "a"); got != want {
+			t.Fatalf("after a healthy window: %d, want %d", got, want)
+		}
+	}
 }
 
-// TestRampAfterLeaseRenewed: permits come back from the safe default in a ramp.
-func TestRampAfterLeaseRenewed(t *testing.T) {
+// TestLeaseRestoredAtOnce: permits come back from the safe default at once — by a renewal or a
+// newer assignment, with the adaptive limit on too (the lapse does not clamp it) — because a
+// lapsed lease is the control plane's failure, not the downstream's.
+func TestLeaseRestoredAtOnce(t *testing.T) {
 	e, clk := newTestEnforcer(t)
-	a := asg(1, 1, 10*time.Second, withRamp(ds("a", 20, 4)))
+	a := asg(1, 1, time.Minute, withRamp(ds("a", 20, 4)), withAdaptive(withRamp(ds("b", 20, 4))))
 	mustApply(t, e, a)
-	for range 4 {
-		healthyWindow(e, clk, "a", 10)
+	lapse := func(what string) {
+		t.Helper()
+		settle(t, e, clk, "a")
+		settle(t, e, clk, "b")
+		healthyWindow(e, clk, "b", 10)
+		clk.Step(time.Minute)
+		for _, name := range []string{"a", "b"} {
+			if got := effective(t, e, name); got != 4 {
+				t.Fatalf("%s: %s: lease passed: %d, want the safe default 4", what, name, got)
+			}
+			e.Table().Lookup(name).Observe(time.Millisecond, false) // calls at the safe limit
+		}
+		clk.Step(time.Second)
 	}
-	if got := effective(t, e, "a"); got != 20 {
-		t.Fatalf("ramped: %d, want 20", got)
+	restored := func(what string) {
+		t.Helper()
+		for _, name := range []string{"a", "b"} {
+			if got := effective(t, e, name); got != 20 || ramping(t, e, name) {
+				t.Fatalf("%s: %s: %d (ramping %v), want the permits 20 at once", what, name, got, ramping(t, e, name))
+			}
+		}
+		if st := e.State().Downstreams[0]; st.EffectivePermits != 20 || st.Limit != 20 {
+			t.Fatalf("%s: state %+v", what, st)
+		}
 	}
-	clk.Step(10 * time.Second)
-	if got := effective(t, e, "a"); got != 4 {
-		t.Fatalf("lease passed: %d, want the safe default 4", got)
-	}
+	lapse("renewal")
 	mustApply(t, e, a) // the renewal
-	if got := effective(t, e, "a"); got != 2 {
-		t.Fatalf("renewed: %d, want the ramp's start 2 (not the permits at once)", got)
+	restored("renewal")
+	lapse("newer assignment")
+	mustApply(t, e, asg(1, 2, time.Minute, withRamp(ds("a", 20, 4)), withAdaptive(withRamp(ds("b", 20, 4)))))
+	restored("newer assignment")
+}
+
+// TestRampInProgressOutlivesALapse: a ramp after an incident is about the downstream; a lapse of
+// the lease meanwhile neither ends it nor restarts it, and the renewal returns to where it was.
+func TestRampInProgressOutlivesALapse(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	a := asg(1, 1, time.Minute, withRamp(ds("a", 20, 4)))
+	mustApply(t, e, a)
+	settle(t, e, clk, "a")
+	mustApply(t, e, a) // a renewal: a minute from now
+	d := e.Table().Lookup("a")
+	tripAndClose(t, d, clk) // 5 s of the lease
+	healthyWindow(e, clk, "a", 10)
+	if got := effective(t, e, "a"); got != 8 {
+		t.Fatalf("ramp after the breaker closed, one healthy window: %d, want 2+6", got)
 	}
-	// Lapsed again, then a newer assignment (not a renewal) ends it: a ramp too.
-	for range 4 {
-		healthyWindow(e, clk, "a", 10)
-	}
-	clk.Step(10 * time.Second)
+	clk.Step(54 * time.Second)
 	if got := effective(t, e, "a"); got != 4 {
 		t.Fatalf("lease passed: %d, want the safe default 4", got)
 	}
-	mustApply(t, e, asg(1, 2, 10*time.Second, withRamp(ds("a", 20, 4))))
-	if got := effective(t, e, "a"); got != 2 {
-		t.Fatalf("a newer assignment after the lease lapsed: %d, want the ramp's start 2", got)
+	mustApply(t, e, a)
+	if got := effective(t, e, "a"); got != 8 || !ramping(t, e, "a") {
+		t.Fatalf("renewed during the ramp: %d (ramping %v), want the ramp's 8, still ramping", got, ramping(t, e, "a"))
 	}
-	if st := e.State().Downstreams[0]; st.EffectivePermits != 20 || st.Limit != 2 {
-		t.Fatalf("state %+v: want effectivePermits 20 (what the manager counts), limit 2", st)
+}
+
+// TestRampAfterAdaptiveDrop: when the adaptive limit drops (the latency rose), the climb back is
+// a ramp from the dropped limit, paced by healthy windows, not only the adaptive growth.
+func TestRampAfterAdaptiveDrop(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	d := withAdaptive(withRamp(ds("a", 20, 4)))
+	d.Recovery.Ramp.StepPercent, d.Recovery.Ramp.HealthyWindows = 10, 2
+	mustApply(t, e, asg(1, 1, 10*time.Minute, d))
+	dd := e.Table().Lookup("a")
+	window := func(n int, took time.Duration) int {
+		for range n {
+			dd.Observe(took, false)
+		}
+		clk.Step(time.Second)
+		dd.Tick()
+		return effective(t, e, "a")
+	}
+	if got := window(100, 10*time.Millisecond); got != 20 {
+		t.Fatalf("baseline window: %d, want 20", got)
+	}
+	// 20 calls at 100 ms, 10x the baseline: the adaptive limit halves to 10.
+	if got := window(20, 100*time.Millisecond); got != 10 || !ramping(t, e, "a") {
+		t.Fatalf("latency 10x: %d (ramping %v), want 10 and a ramp from it", got, ramping(t, e, "a"))
+	}
+	// Back to 10 ms, 10 in flight: the adaptive limit grows by ⌊√limit⌋ a window (13, 16, 20),
+	// the ramp by 10 % of 20 after 2 healthy windows (10, 12, 12, 14): the ramp paces the climb.
+	for i, want := range []int{10, 12, 12, 14} {
+		if got := window(1000, 10*time.Millisecond); got != want {
+			t.Fatalf("healthy window %d after the drop: %d, want %d", i+1, got, want)
+		}
 	}
 }
 

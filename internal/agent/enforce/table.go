@@ -149,17 +149,16 @@ func (d *Downstream) CountUpstream429() {
 	d.Metrics.Upstream429.Inc()
 }
 
-// setEffective sets the base limit (the permits, or the safe limit) to n. A base that rises from
-// 0 (the downstream's first permits) starts the recovery ramp.
-func (d *Downstream) setEffective(n int) {
+// setBase sets the base limit (the permits, or the safe limit after the lease passed) and the
+// permits granted, which the recovery controller works within. It starts no ramp: a pod's first
+// permits, a raise and permits restored after a lapsed lease are not the downstream recovering,
+// and apply at once (see the package doc). The safe limit stays outside the recovery
+// controller, so a lapse and its renewal leave its ramp and adaptive estimate as they were.
+func (d *Downstream) setBase(base, granted int) {
 	d.limitMu.Lock()
-	first := d.base == 0 && n > 0
-	d.base = n
+	d.base = base
 	if rc := d.rc.Load(); rc != nil {
-		rc.SetPermits(n)
-		if first {
-			rc.Start()
-		}
+		rc.SetPermits(granted)
 	}
 	d.refreshLocked()
 	d.limitMu.Unlock()
@@ -219,7 +218,8 @@ func (d *Downstream) Observe(took time.Duration, failed bool) {
 	d.limitMu.Unlock()
 }
 
-// StartRamp starts the recovery ramp (after the breaker closed, or a lapsed lease was renewed).
+// StartRamp starts the recovery ramp: the breaker calls it when it closes after half-open
+// probes, the one lifecycle-independent sign that the downstream is coming back from failure.
 func (d *Downstream) StartRamp() {
 	rc := d.rc.Load()
 	if rc == nil {
@@ -268,7 +268,7 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	} else if rc := d.rc.Load(); rc != nil {
 		rc.SetConfig(*cfg.Recovery)
 	} else {
-		d.rc.Store(recovery.New(*cfg.Recovery, d.base, d.clk))
+		d.rc.Store(recovery.New(*cfg.Recovery, cfg.Permits, d.clk))
 	}
 	d.refreshLocked()
 	d.limitMu.Unlock()

@@ -24,16 +24,27 @@
 // ceil(permits × InitialPercent / 100) (at least 1 when permits > 0), or stays where it is if a
 // ramp in progress is lower. After HealthyWindows consecutive healthy windows the limit widens
 // by one step — Linear: + ceil(permits × StepPercent / 100); Exponential: doubles — and the
-// streak starts again. An unhealthy window halves the limit, not below the start, and resets
-// the streak: a worse window never widens it. Once the limit reaches the permits the ramp is
-// over and the ramp no longer narrows anything. The agent starts a ramp when a breaker closes,
-// when a lapsed lease is renewed, and when a downstream first gets permits.
+// streak starts again. An unhealthy window halves the limit, not below the start (nor above
+// where it was), and resets the streak: a worse window never widens it. Once the limit reaches
+// the permits the ramp is over and the ramp no longer narrows anything.
+//
+// A ramp follows the downstream's health, never the pod's lifecycle: it begins when the
+// downstream has just shown it was in trouble — the agent calls Start when its breaker closes
+// after half-open probes, and the Controller itself begins one at the adaptive limit when that
+// limit drops (below) — and at no other time. SetPermits starts nothing: a pod's first permits,
+// a raise, and permits restored after a lapsed lease apply at once (unless a ramp in progress
+// still holds the limit: a raise during a ramp widens only as the ramp does). The permits the
+// Controller works within are the grant; the safe limit of a lapsed lease is applied outside it
+// (package enforce), so a lapse and its renewal leave the ramp and the adaptive estimate as they
+// were.
 //
 // The shapes follow Envoy's slow-start mode (a new host's weight starts at min_weight_percent,
 // 10 % by default, and grows over slow_start_window, linearly or per an aggression curve) and
 // Sentinel's warm-up (a cold system admits threshold / coldFactor and warms to the threshold),
 // with one difference that the incident calls for: both of those widen with time alone, and this
-// ramp widens only with evidence, healthy windows, and steps back on a bad one.
+// ramp widens only with evidence, healthy windows, and steps back on a bad one. Envoy applies it
+// to hosts returning from failure and, only when asked, to hosts new to a healthy cluster; here
+// a new pod is not new to the downstream, so it never ramps for that.
 //
 // Adaptive (Config.Adaptive, nil: off) is a Gradient2-style estimator (Netflix
 // concurrency-limits, Gradient2Limit) with Little's law as its floor. It keeps a baseline
@@ -50,7 +61,16 @@
 //     a window that used less says nothing about more and holds it (Gradient2's app-limited
 //     rule).
 //
-// The adaptive limit starts at the permits and is clamped to them when they change.
+// The adaptive limit starts at the permits. When the permits change, an adaptive limit that was
+// not narrowing anything (at the permits) moves with them, up or down: only measured latency
+// narrows it, not a change of the grant. One that was narrowing stays where it is, within the
+// new permits.
+//
+// With both on, a window in which the adaptive limit dropped also begins a ramp at the dropped
+// limit (RampFrom), or lowers a ramp in progress to it: the adaptive limit says how much the
+// latency allows, the ramp how fast the limit may climb back — only after healthy windows (the
+// failure and slow-call rates, which the adaptive estimator does not look at). The climb back
+// is the slower of the two.
 //
 // Limit() is min(permits, ramp limit while ramping, adaptive limit when on).
 package recovery
@@ -237,7 +257,8 @@ func rampStart(permits int, r *RampConfig) int {
 	return min(permits, max(1, ceilDiv(permits*r.InitialPercent, 100)))
 }
 
-// StartRamp begins a ramp (or keeps a lower one in progress). cfg has defaults applied.
+// StartRamp begins a ramp at its start (or keeps a lower one in progress). cfg has defaults
+// applied.
 func StartRamp(s RampState, permits int, r *RampConfig) RampState {
 	start := rampStart(permits, r)
 	if s.Active && s.Limit <= start {
@@ -249,6 +270,21 @@ func StartRamp(s RampState, permits int, r *RampConfig) RampState {
 	return RampState{Active: true, Limit: start}
 }
 
+// RampFrom begins a ramp at level (at least 1 when permits > 0), or lowers a ramp in progress to
+// it, or keeps a lower one; the streak starts again. A level at or above the permits narrows
+// nothing and leaves s as it was. The Controller calls it with the adaptive limit when that
+// limit dropped.
+func RampFrom(s RampState, level, permits int) RampState {
+	if permits <= 0 || level >= permits {
+		return s
+	}
+	level = max(level, 1)
+	if s.Active && s.Limit <= level {
+		return RampState{Active: true, Limit: s.Limit}
+	}
+	return RampState{Active: true, Limit: level}
+}
+
 // StepRamp is the ramp after window w: the transition function of the ramp. r has defaults.
 func StepRamp(s RampState, w Window, permits int, h Health, r *RampConfig) RampState {
 	if !s.Active || w.Calls == 0 {
@@ -256,7 +292,8 @@ func StepRamp(s RampState, w Window, permits int, h Health, r *RampConfig) RampS
 	}
 	start := rampStart(permits, r)
 	if !h.Healthy(w) {
-		return RampState{Active: true, Limit: max(start, s.Limit/2)}
+		// Halved, not below the start; a ramp begun below the start (RampFrom) stays where it is.
+		return RampState{Active: true, Limit: min(s.Limit, max(start, s.Limit/2))}
 	}
 	s.Streak++
 	if s.Streak < r.HealthyWindows {
@@ -365,23 +402,28 @@ func (c *Controller) SetConfig(cfg Config) int {
 	return c.limitLocked()
 }
 
-// SetPermits changes the ceiling. It starts nothing: the caller decides what a change means.
-// It returns the limit.
+// SetPermits changes the ceiling, the permits granted (not the safe limit of a lapsed lease:
+// see the package documentation). It starts nothing — a pod's first permits and a raise apply
+// at once unless a ramp in progress or a narrowing adaptive limit holds the limit — and an
+// adaptive limit at the old permits moves to the new ones. It returns the limit.
 func (c *Controller) SetPermits(n int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.permits = max(n, 0)
-	c.adapt.Limit = min(c.adapt.Limit, c.permits)
-	if c.cfg.Adaptive != nil && c.adapt.Limit == 0 {
-		c.adapt.Limit = c.permits // from 0 (a pod's first permits): start open, then learn
+	n = max(n, 0)
+	if c.adapt.Limit >= c.permits {
+		c.adapt.Limit = n // it narrowed nothing: no measurement holds it below the new permits
+	} else {
+		c.adapt.Limit = min(c.adapt.Limit, n)
 	}
+	c.permits = n
 	if c.ramp.Active && c.ramp.Limit >= c.permits {
 		c.ramp = RampState{}
 	}
 	return c.limitLocked()
 }
 
-// Start begins a ramp (see the package documentation); without a ramp configured it does
+// Start begins a ramp at its start (see the package documentation): the agent calls it when
+// the downstream's breaker closes after half-open probes. Without a ramp configured it does
 // nothing. It returns the limit.
 func (c *Controller) Start() int {
 	c.mu.Lock()
@@ -453,7 +495,12 @@ func (c *Controller) advanceLocked(now time.Time) {
 		c.ramp = StepRamp(c.ramp, done, c.permits, c.cfg.Health, c.cfg.Ramp)
 	}
 	if c.cfg.Adaptive != nil {
+		before := min(c.adapt.Limit, c.permits)
 		c.adapt = StepAdaptive(c.adapt, done, c.permits, c.cfg.Adaptive)
+		if c.cfg.Ramp != nil && c.adapt.Limit < before {
+			// The latency said the downstream is queueing: the climb back is a ramp.
+			c.ramp = RampFrom(c.ramp, c.adapt.Limit, c.permits)
+		}
 	}
 	c.cur = Window{}
 	c.winStart = c.winStart.Add(now.Sub(c.winStart) / w * w)

@@ -147,6 +147,93 @@ func TestOnePermitAndZero(t *testing.T) {
 	}
 }
 
+// TestPermitsStartNothing: a pod's first permits, a raise and a lowering change the ceiling and
+// start no ramp; an adaptive limit that narrowed nothing moves with the permits (up too), one
+// that narrowed stays where the latency put it.
+func TestPermitsStartNothing(t *testing.T) {
+	clk := testingclock.NewFakeClock(t0)
+	c := New(Config{Window: time.Second, Ramp: &RampConfig{}, Adaptive: &AdaptiveConfig{}}, 0, clk)
+	for _, p := range []int{20, 40, 8, 30} {
+		if got := c.SetPermits(p); got != p || c.Status().Ramping || c.Status().Adaptive != p {
+			t.Fatalf("permits %d: limit %d, status %+v; want the permits at once", p, got, c.Status())
+		}
+	}
+	// The adaptive limit narrows (latency 10x): a raise leaves it where it is.
+	feed(c, 100, 0, 10*time.Millisecond)
+	clk.Step(time.Second)
+	feed(c, 20, 0, 100*time.Millisecond)
+	clk.Step(time.Second)
+	narrowed := c.Limit()
+	if narrowed >= 30 {
+		t.Fatalf("latency 10x: limit %d, want below 30", narrowed)
+	}
+	if got := c.SetPermits(60); got != narrowed {
+		t.Fatalf("raise while the adaptive limit narrows: %d, want %d held", got, narrowed)
+	}
+}
+
+// TestAdaptiveDropStartsARamp: with the ramp and the adaptive limit on, a window in which the
+// adaptive limit dropped begins a ramp at the dropped limit; the climb back then needs healthy
+// windows too, and a bad window lowers it no further than the adaptive limit says.
+func TestAdaptiveDropStartsARamp(t *testing.T) {
+	clk := testingclock.NewFakeClock(t0)
+	c := New(Config{Window: time.Second, Ramp: &RampConfig{StepPercent: 10, HealthyWindows: 2}, Adaptive: &AdaptiveConfig{}}, 20, clk)
+	feed(c, 100, 0, 10*time.Millisecond) // the baseline: 10 ms
+	clk.Step(time.Second)
+	if st := c.Status(); st.Limit != 20 || st.Ramping {
+		t.Fatalf("baseline window: %+v", st)
+	}
+	feed(c, 20, 0, 100*time.Millisecond) // 10x the baseline: the adaptive limit halves
+	clk.Step(time.Second)
+	if st := c.Status(); st.Limit != 10 || !st.Ramping || st.Ramp != 10 || st.Adaptive != 10 {
+		t.Fatalf("after the adaptive drop: %+v, want a ramp at the adaptive limit 10", st)
+	}
+	// 1,000 calls at 10 ms (10 in flight): the adaptive limit grows 13, 16, 20; the ramp +2
+	// after every 2 healthy windows.
+	for i, want := range []int{10, 12, 12, 14, 14, 16, 16, 18, 18, 20} {
+		feed(c, 1000, 0, 10*time.Millisecond)
+		clk.Step(time.Second)
+		if got := c.Limit(); got != want {
+			t.Fatalf("healthy window %d: limit %d, want %d (%+v)", i+1, got, want, c.Status())
+		}
+	}
+	if c.Status().Ramping {
+		t.Fatal("still ramping at the permits")
+	}
+	// Without a ramp configured a drop starts none.
+	c = New(Config{Window: time.Second, Adaptive: &AdaptiveConfig{}}, 20, clk)
+	feed(c, 100, 0, 10*time.Millisecond)
+	clk.Step(time.Second)
+	feed(c, 20, 0, 100*time.Millisecond)
+	clk.Step(time.Second)
+	if st := c.Status(); st.Ramping || st.Limit != 10 {
+		t.Fatalf("adaptive only, after the drop: %+v", st)
+	}
+}
+
+// TestRampFromBelowTheStart: a ramp begun below its start (the adaptive limit dropped there)
+// never rises on a bad window, and RampFrom never raises a lower ramp in progress.
+func TestRampFromBelowTheStart(t *testing.T) {
+	r := (Config{Ramp: &RampConfig{}}).withDefaults().Ramp // start: 10 % of 40 = 4
+	s := RampFrom(RampState{}, 1, 40)
+	if s != (RampState{Active: true, Limit: 1}) {
+		t.Fatalf("RampFrom(1): %+v", s)
+	}
+	bad := Window{Length: time.Second, Calls: 10, Failures: 10}
+	if got := StepRamp(s, bad, 40, Health{}, r); got.Limit != 1 {
+		t.Fatalf("a bad window at 1, below the start 4: %d, want 1", got.Limit)
+	}
+	if got := RampFrom(RampState{Active: true, Limit: 3, Streak: 1}, 7, 40); got != (RampState{Active: true, Limit: 3}) {
+		t.Fatalf("RampFrom(7) over a ramp at 3: %+v, want 3 kept, streak reset", got)
+	}
+	if got := RampFrom(RampState{}, 40, 40); got.Active {
+		t.Fatalf("RampFrom at the permits: %+v, want no ramp", got)
+	}
+	if got := RampFrom(RampState{}, 0, 40); got.Limit != 1 {
+		t.Fatalf("RampFrom(0): %+v, want at least 1", got)
+	}
+}
+
 // TestAdaptiveShrinksTowardLittleAndRecovers drives a downstream that can take 10 calls in
 // flight at 10 ms (1,000 calls/s); above that its latency grows with the queue.
 func TestAdaptiveShrinksTowardLittleAndRecovers(t *testing.T) {
