@@ -208,3 +208,19 @@ func TestRateLimitedRetryAfter(t *testing.T) {
 		t.Fatalf("Retry-After %q, want the limiter's 2.5s (less what passed) rounded up", r.header.Get("Retry-After"))
 	}
 }
+
+// TestHoldLeftRunsFromTheDeadline: an abandoned call's hold runs from its deadline, so a release
+// that comes late (the agent was frozen past the deadline) holds only what is left of it.
+func TestHoldLeftRunsFromTheDeadline(t *testing.T) {
+	for _, tc := range []struct{ hold, late, want time.Duration }{
+		{time.Second, 0, time.Second},                                 // released at its deadline: the whole hold
+		{time.Second, -5 * time.Millisecond, time.Second},             // a hair early (clock granularity): never more than the hold
+		{time.Second, 300 * time.Millisecond, 700 * time.Millisecond}, // late: the rest of it
+		{time.Second, time.Second, 0},                                 // the hold passed while frozen: at once
+		{time.Second, 3 * time.Second, -2 * time.Second},              // long past: at once
+	} {
+		if got := holdLeft(tc.hold, tc.late); got != tc.want {
+			t.Errorf("holdLeft(%s, late %s) = %s, want %s", tc.hold, tc.late, got, tc.want)
+		}
+	}
+}
