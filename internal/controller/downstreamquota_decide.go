@@ -1,22 +1,268 @@
 package controller
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
 	"github.com/apportion/apportion/internal/push"
 )
 
-// computeStatus is the pure part of a DownstreamQuota reconcile: from what was observed, how the
-// budget split and what the Pusher reports, the status to write. Conditions keep their
-// LastTransitionTime when their status did not change.
+// This file is the decision of a DownstreamQuota reconcile (Reconcile gathers, decides, acts):
+// pure functions from what was gathered to what every pod should hold, the status, the Events
+// and the requeue. Nothing here reads the API or the clock: the time is an input.
+
+// quotaInputs is what one reconcile gathered: everything its decision reads.
+type quotaInputs struct {
+	// Quota is the quota as read.
+	Quota *apportionv1.DownstreamQuota
+	// Base is the last status decided for the quota, ahead of the cached one (which lags behind a
+	// write just made, and further behind a status still waiting for its writer): the base of the
+	// new status (transition times, the last rebalance time), of the safe default's kept replica
+	// bound (Targets[].Kept) and of the Events ("8→10 pods", not "0→10").
+	Base apportionv1.DownstreamQuotaStatus
+	// Targets is what the API says about each of the quota's targets, in spec order.
+	Targets []targetObservation
+	// Switches are the degrade switches in force at Now (gathered only with an engine).
+	Switches []push.TargetedSwitch
+	// LastReport is the engine's report from before this reconcile's assignment, whose holdings
+	// DemandAware sharing samples; nil without an engine or for an Equal quota.
+	LastReport *push.Report
+	// Sharing is what DemandAware sharing remembers of the quota between rounds; decideAssignment
+	// advances it. Nil for an Equal quota (a DemandAware one then starts afresh).
+	Sharing *sharingMemory
+	// Now is the time of the reconcile.
+	Now time.Time
+}
+
+// quotaPolicy is the reconciler's settings as a decision reads them, defaults filled in.
+type quotaPolicy struct {
+	// Push: an engine takes the assignments; without one the manager only computes and reports.
+	Push bool
+	// SharingPeriod is how often a DemandAware quota is re-evaluated.
+	SharingPeriod time.Duration
+	// Sharing tunes DemandAware sharing.
+	Sharing sharingParams
+	// RemainderRotation is how often the remainder moves to other pods (negative: never).
+	RemainderRotation time.Duration
+}
+
+// quotaAssignment is the first half of a decision: how the budget splits and what every pod
+// should hold.
+type quotaAssignment struct {
+	Rotation remainderRotation
+	Split    apportion.Result
+	// Desired is the engine's assignment; nil without an engine.
+	Desired *push.DesiredQuota
+	// Shared is the DemandAware round's outcome; nil for an Equal quota or without an engine.
+	Shared *shareResult
+}
+
+// quotaDecision is the second half: the status to write, the Events that describe its change
+// from Base, and when to reconcile again without any change (0: never).
+type quotaDecision struct {
+	Status  apportionv1.DownstreamQuotaStatus
+	Events  []statusEvent
+	Requeue time.Duration
+}
+
+// decideAssignment splits the quota's budget among the observed targets (the remainder at the
+// rotation counter of in.Now) and, with an engine, decides what every pod should hold: the split,
+// or under DemandAware the shares that follow demand (decideShares, which advances in.Sharing).
+// Σ of the desired permits never exceeds the quota's limit (package apportion, decideShares);
+// the engine moves the pods to them without ever exceeding it on the way (docs/protocol.md).
+func decideAssignment(in *quotaInputs, p quotaPolicy) quotaAssignment {
+	dq := in.Quota
+	a := quotaAssignment{Rotation: rotationAt(dq, in.Now, p.RemainderRotation)}
+	a.Split = splitFor(dq, in.Targets, a.Rotation.Counter)
+	if !p.Push {
+		return a
+	}
+	d := desiredQuota(dq, in.Targets, a.Split, in.Switches)
+	if demandAware(dq) {
+		mem := in.Sharing
+		if mem == nil {
+			mem = newSharingMemory()
+		}
+		res := decideShares(dq, in.Targets, a.Split, in.LastReport, &d, mem, p.Sharing, in.Now)
+		a.Shared = &res
+	}
+	a.Desired = &d
+	return a
+}
+
+// decideStatus decides the status (computeStatus, with the lanes and the sharing the engine
+// reports), the Events that describe its change from in.Base (quotaEventRules) and the requeue,
+// from what was gathered, the assignment and the engine's report once it took the assignment
+// (nil without an engine).
+func decideStatus(in *quotaInputs, p quotaPolicy, a quotaAssignment, report *push.Report) quotaDecision {
+	// Whole seconds: the API server keeps a time to the second, and a status is written only
+	// when it differs from what the quota has.
+	now := metav1.NewTime(in.Now).Rfc3339Copy()
+	cur := *in.Quota
+	cur.Status = in.Base
+	st := computeStatus(&cur, in.Targets, a.Split, report, now)
+	st.Lanes = lanesStatus(in.Quota, report)
+	if a.Shared != nil {
+		st.Sharing = a.Shared.Status
+	}
+	if rebalanceMessage(in.Base.Targets, st.Targets) != "" {
+		st.LastRebalanceTime = &now
+	}
+	c := eventContext{Quota: in.Quota, Before: &in.Base, After: &st, Shared: a.Shared, Report: report}
+	var events []statusEvent
+	for _, rule := range quotaEventRules {
+		if e, ok := rule(&c); ok {
+			events = append(events, e)
+		}
+	}
+	return quotaDecision{Status: st, Events: events, Requeue: requeueFor(in.Quota, p, a.Split, a.Rotation)}
+}
+
+// eventContext is what the Event rules read: the status decided before and the one decided now.
+type eventContext struct {
+	Quota         *apportionv1.DownstreamQuota
+	Before, After *apportionv1.DownstreamQuotaStatus
+	Shared        *shareResult // nil unless DemandAware with an engine
+	Report        *push.Report // nil without an engine
+}
+
+// quotaEventRules are the Events a decision records, each a rule over the change of status, in
+// the order they are recorded. A rule that reports a set (pods without an agent, unreachable
+// pods) fires each time the set changes, not on every reconcile.
+var quotaEventRules = [...]func(*eventContext) (statusEvent, bool){
+	sharesMovedEvent,
+	rebalancedEvent,
+	safeDefaultChangedEvent,
+	podsWithoutAgentEvent,
+	podsUnreachableEvent,
+}
+
+// sharesMovedEvent: a DemandAware round moved more than the quota's threshold of the budget.
+func sharesMovedEvent(c *eventContext) (statusEvent, bool) {
+	if c.Shared == nil {
+		return statusEvent{}, false
+	}
+	msg := sharesMovedMessage(c.Quota, *c.Shared)
+	return statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSharesMoved, "Rebalance", msg}, msg != ""
+}
+
+// rebalancedEvent: a target's pods or permits per pod changed (rebalanceMessage).
+func rebalancedEvent(c *eventContext) (statusEvent, bool) {
+	msg := rebalanceMessage(c.Before.Targets, c.After.Targets)
+	return statusEvent{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg}, msg != ""
+}
+
+// safeDefaultChangedEvent: a target's safe default changed (safeDefaultMessage).
+func safeDefaultChangedEvent(c *eventContext) (statusEvent, bool) {
+	msg := safeDefaultMessage(c.Before.Targets, c.After.Targets)
+	return statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg}, msg != ""
+}
+
+// podsWithoutAgentEvent: a Warning each time the set of pods without an agent changes; the
+// condition's message names them.
+func podsWithoutAgentEvent(c *eventContext) (statusEvent, bool) {
+	now := meta.FindStatusCondition(c.After.Conditions, apportionv1.ConditionPodsWithoutAgent)
+	if now == nil || now.Status != metav1.ConditionTrue {
+		return statusEvent{}, false
+	}
+	if old := meta.FindStatusCondition(c.Before.Conditions, apportionv1.ConditionPodsWithoutAgent); old != nil && old.Message == now.Message {
+		return statusEvent{}, false
+	}
+	return statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", now.Message}, true
+}
+
+// podsUnreachableEvent: a Warning each time the set of unreachable pods changes; the condition's
+// message names them.
+func podsUnreachableEvent(c *eventContext) (statusEvent, bool) {
+	now := meta.FindStatusCondition(c.After.Conditions, apportionv1.ConditionPodsReachable)
+	if c.Report == nil || now == nil || now.Status != metav1.ConditionFalse || now.Reason != apportionv1.ReasonAgentsUnreachable {
+		return statusEvent{}, false
+	}
+	if old := meta.FindStatusCondition(c.Before.Conditions, apportionv1.ConditionPodsReachable); old != nil && old.Message == now.Message {
+		return statusEvent{}, false
+	}
+	return statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
+		"could not reach the agents of " + strings.Join(c.Report.Unreachable, ", ")}, true
+}
+
+// readyFacts is what Ready's rules read, from one computeStatus.
+type readyFacts struct {
+	// Targets is how many targets the quota names, Missing how many of them do not exist.
+	Targets, Missing int
+	// Oversubscribed: the budget cannot give each weighted pod one permit.
+	Oversubscribed bool
+	// NoAgent is the PodsWithoutAgent condition's message; "" when every pod has an agent.
+	NoAgent string
+	// Report is the engine's; nil without an engine.
+	Report *push.Report
+}
+
+// readyRule is one cause for Ready to be False: its reason, and whether it holds (with the
+// condition's message).
+type readyRule struct {
+	Reason string
+	Holds  func(*readyFacts) (msg string, ok bool)
+}
+
+// readyPrecedence is Ready's order of precedence: the first rule that holds makes Ready False with
+// its reason and message; when none holds Ready is True (Apportioned). From the first:
+//
+//  1. TargetMissing: no target workload exists; there is nothing to apportion, whatever else
+//     holds.
+//  2. Oversubscribed: the quota cannot give every pod a permit; the spec (or the replicas) must
+//     change, no push mends it.
+//  3. PodsWithoutAgent: pods are counted at their share but nothing enforces it; the promise
+//     does not hold for them however the push goes.
+//  4. Recovering: the engine waits out a previous manager's leases before raising any pod.
+//  5. Pushing: some pods have not acknowledged their permits yet.
+//
+// Unreachable agents make PodsReachable False, not Ready: their permits stay counted until their
+// lease passes, so the limit holds.
+var readyPrecedence = [...]readyRule{
+	{apportionv1.ReasonTargetMissing, func(f *readyFacts) (string, bool) {
+		return "no target workload exists", f.Missing == f.Targets
+	}},
+	{apportionv1.ReasonOversubscribed, func(f *readyFacts) (string, bool) {
+		return "the quota is smaller than the pods that share it", f.Oversubscribed
+	}},
+	{apportionv1.ReasonPodsWithoutAgent, func(f *readyFacts) (string, bool) {
+		return f.NoAgent, f.NoAgent != ""
+	}},
+	{apportionv1.ReasonRecovering, func(f *readyFacts) (string, bool) {
+		return "the manager is waiting out the leases of a previous manager before raising any pod", f.Report != nil && f.Report.Recovering
+	}},
+	{apportionv1.ReasonPushing, func(f *readyFacts) (string, bool) {
+		return "some pods have not acknowledged their permits yet", f.Report != nil && !f.Report.Converged
+	}},
+}
+
+// readyCause is the first rule of readyPrecedence that holds: its reason and message, ok false
+// when none holds.
+func readyCause(f *readyFacts) (reason, msg string, ok bool) {
+	for _, r := range readyPrecedence {
+		if msg, holds := r.Holds(f); holds {
+			return r.Reason, msg, true
+		}
+	}
+	return "", "", false
+}
+
+// computeStatus is the status of a quota from what was observed, how the budget split and what
+// the Pusher reports (nil without one), over the status dq has (its conditions keep their
+// LastTransitionTime when their status did not change): the targets, the holdings and the
+// conditions, Ready by readyPrecedence.
 func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result,
 	report *push.Report, now metav1.Time) apportionv1.DownstreamQuotaStatus {
 	st := apportionv1.DownstreamQuotaStatus{
@@ -115,7 +361,6 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		set(apportionv1.ConditionPodsWithoutAgent, false, apportionv1.ReasonEveryPodHasAgent, "every pod with an IP has an agent")
 	}
 
-	ready, reason, msg := true, apportionv1.ReasonApportioned, fmt.Sprintf("%d pods, %s permits per pod", st.Pods, st.PerPod)
 	if report != nil {
 		switch {
 		case len(report.Unreachable) > 0:
@@ -133,23 +378,13 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 		default:
 			set(apportionv1.ConditionPodsReachable, true, apportionv1.ReasonAllReachable, "every pod's agent answered")
 		}
-		switch {
-		case report.Recovering:
-			ready, reason, msg = false, apportionv1.ReasonRecovering, "the manager is waiting out the leases of a previous manager before raising any pod"
-		case !report.Converged:
-			ready, reason, msg = false, apportionv1.ReasonPushing, "some pods have not acknowledged their permits yet"
-		}
 	}
-	if len(noAgent) > 0 {
-		ready, reason, msg = false, apportionv1.ReasonPodsWithoutAgent, noAgentMsg
+	if reason, msg, notReady := readyCause(&readyFacts{Targets: len(obs), Missing: len(missing),
+		Oversubscribed: split.Oversubscribed, NoAgent: noAgentMsg, Report: report}); notReady {
+		set(apportionv1.ConditionReady, false, reason, msg)
+	} else {
+		set(apportionv1.ConditionReady, true, apportionv1.ReasonApportioned, fmt.Sprintf("%d pods, %s permits per pod", st.Pods, st.PerPod))
 	}
-	switch {
-	case len(missing) == len(obs):
-		ready, reason, msg = false, apportionv1.ReasonTargetMissing, "no target workload exists"
-	case split.Oversubscribed:
-		ready, reason, msg = false, apportionv1.ReasonOversubscribed, "the quota is smaller than the pods that share it"
-	}
-	set(apportionv1.ConditionReady, ready, reason, msg)
 	return st
 }
 
@@ -262,4 +497,85 @@ func summarizeHoldings(hs []push.Holding, limit int) ([]apportionv1.PodHolding, 
 		})
 	}
 	return out, int32(len(hs) - len(pick))
+}
+
+// targetsFor is the quota's targets as package apportion counts them.
+func targetsFor(obs []targetObservation) []apportion.Target {
+	ts := make([]apportion.Target, len(obs))
+	for i, o := range obs {
+		ts[i] = apportion.Target{Weight: weightOf(o.Target), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
+		for j := range o.Pods {
+			if takesRemainder(&o.Pods[j]) {
+				ts[i].Pods = append(ts[i].Pods, podIdentity(o.Pods[j].UID, o.Pods[j].Name))
+			}
+		}
+	}
+	return ts
+}
+
+// takesRemainder says whether a pod may get a permit of the remainder: not a terminating one,
+// which the push engine grants nothing anyway; its slot keeps its floor.
+func takesRemainder(p *corev1.Pod) bool { return p.DeletionTimestamp == nil }
+
+// podIdentity is what ranks a pod for the remainder: its UID (a pod created again under the
+// same name is another pod), its name where it has none (tests).
+func podIdentity(uid types.UID, name string) string { return cmp.Or(string(uid), name) }
+
+// splitFor splits the quota's in-flight limit among the observed targets, the remainder handed
+// out at rotation counter rotation.
+func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation, rotation uint64) apportion.Result {
+	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs), rotation)
+}
+
+// rateSplitFor splits the quota's rate contract among the observed targets like splitFor splits
+// its limit; nil when the quota has no rate contract.
+func rateSplitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) *apportion.RateResult {
+	rc := dq.Spec.Rate
+	if rc == nil {
+		return nil
+	}
+	r := apportion.SplitRate(int64(rc.RequestsPerSecond), int64(int32Or(rc.Burst, apportionv1.DefaultRateBurst)),
+		int64(safetyFactorPercent(dq)), targetsFor(obs))
+	return &r
+}
+
+// desiredQuota is what every pod should hold, for the Pusher.
+func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
+	d := push.DesiredQuota{
+		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
+		UID:        dq.UID,
+		Generation: dq.Generation,
+		Limit:      dq.Spec.MaxInFlight,
+		Downstream: downstreamTemplate(dq),
+		Switches:   switches,
+	}
+	rates := rateSplitFor(dq, obs)
+	for i, o := range obs {
+		var rate apportion.RateShare
+		if rates != nil {
+			rate = rates.PerPod[i]
+		}
+		k := 0 // o.Pods index among the pods that take a remainder: split.Permits[i]'s order
+		for _, p := range o.Pods {
+			permits := split.PerPod[i]
+			if takesRemainder(&p) {
+				permits = split.Permits[i][k]
+				k++
+			}
+			d.Pods = append(d.Pods, push.DesiredPod{
+				Name:          p.Name,
+				UID:           p.UID,
+				Target:        o.Target.Name,
+				Endpoint:      agentEndpoint(&p),
+				Permits:       int32(permits),
+				SafeDefault:   int32(split.SafeDefault[i]),
+				RatePerSecond: rate.PerSecond,
+				RateBurst:     int32(rate.Burst),
+				Terminating:   p.DeletionTimestamp != nil,
+				Since:         p.CreationTimestamp.Time,
+				Bootstrap:     agentBootstraps(&p),
+			})
+		}
+	}
+	return d
 }
