@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"sort"
@@ -12,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
@@ -20,8 +18,10 @@ import (
 )
 
 // This file is the decision of a DownstreamQuota reconcile (Reconcile gathers, decides, acts):
-// pure functions from what was gathered to what every pod should hold, the status, the Events
-// and the requeue. Nothing here reads the API or the clock: the time is an input.
+// what it reads (quotaInputs, quotaPolicy) and its second half, the status with Ready's order of
+// precedence, the Events and the requeue, from what was gathered, the assignment
+// (downstreamquota_assignment.go) and the engine's report. Nothing here reads the API or the
+// clock: the time is an input.
 
 // quotaInputs is what one reconcile gathered: everything its decision reads.
 type quotaInputs struct {
@@ -58,48 +58,12 @@ type quotaPolicy struct {
 	RemainderRotation time.Duration
 }
 
-// quotaAssignment is the first half of a decision: how the budget splits and what every pod
-// should hold.
-type quotaAssignment struct {
-	Rotation remainderRotation
-	Split    apportion.Result
-	// Desired is the engine's assignment; nil without an engine.
-	Desired *push.DesiredQuota
-	// Shared is the DemandAware round's outcome; nil for an Equal quota or without an engine.
-	Shared *shareResult
-}
-
 // quotaDecision is the second half: the status to write, the Events that describe its change
 // from Base, and when to reconcile again without any change (0: never).
 type quotaDecision struct {
 	Status  apportionv1.DownstreamQuotaStatus
 	Events  []statusEvent
 	Requeue time.Duration
-}
-
-// decideAssignment splits the quota's budget among the observed targets (the remainder at the
-// rotation counter of in.Now) and, with an engine, decides what every pod should hold: the split,
-// or under DemandAware the shares that follow demand (decideShares, which advances in.Sharing).
-// Σ of the desired permits never exceeds the quota's limit (package apportion, decideShares);
-// the engine moves the pods to them without ever exceeding it on the way (docs/protocol.md).
-func decideAssignment(in *quotaInputs, p quotaPolicy) quotaAssignment {
-	dq := in.Quota
-	a := quotaAssignment{Rotation: rotationAt(dq, in.Now, p.RemainderRotation)}
-	a.Split = splitFor(dq, in.Targets, a.Rotation.Counter)
-	if !p.Push {
-		return a
-	}
-	d := desiredQuota(dq, in.Targets, a.Split, in.Switches)
-	if demandAware(dq) {
-		mem := in.Sharing
-		if mem == nil {
-			mem = newSharingMemory()
-		}
-		res := decideShares(dq, in.Targets, a.Split, in.LastReport, &d, mem, p.Sharing, in.Now)
-		a.Shared = &res
-	}
-	a.Desired = &d
-	return a
 }
 
 // decideStatus decides the status (computeStatus, with the lanes and the sharing the engine
@@ -497,85 +461,4 @@ func summarizeHoldings(hs []push.Holding, limit int) ([]apportionv1.PodHolding, 
 		})
 	}
 	return out, int32(len(hs) - len(pick))
-}
-
-// targetsFor is the quota's targets as package apportion counts them.
-func targetsFor(obs []targetObservation) []apportion.Target {
-	ts := make([]apportion.Target, len(obs))
-	for i, o := range obs {
-		ts[i] = apportion.Target{Weight: weightOf(o.Target), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
-		for j := range o.Pods {
-			if takesRemainder(&o.Pods[j]) {
-				ts[i].Pods = append(ts[i].Pods, podIdentity(o.Pods[j].UID, o.Pods[j].Name))
-			}
-		}
-	}
-	return ts
-}
-
-// takesRemainder says whether a pod may get a permit of the remainder: not a terminating one,
-// which the push engine grants nothing anyway; its slot keeps its floor.
-func takesRemainder(p *corev1.Pod) bool { return p.DeletionTimestamp == nil }
-
-// podIdentity is what ranks a pod for the remainder: its UID (a pod created again under the
-// same name is another pod), its name where it has none (tests).
-func podIdentity(uid types.UID, name string) string { return cmp.Or(string(uid), name) }
-
-// splitFor splits the quota's in-flight limit among the observed targets, the remainder handed
-// out at rotation counter rotation.
-func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation, rotation uint64) apportion.Result {
-	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs), rotation)
-}
-
-// rateSplitFor splits the quota's rate contract among the observed targets like splitFor splits
-// its limit; nil when the quota has no rate contract.
-func rateSplitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) *apportion.RateResult {
-	rc := dq.Spec.Rate
-	if rc == nil {
-		return nil
-	}
-	r := apportion.SplitRate(int64(rc.RequestsPerSecond), int64(int32Or(rc.Burst, apportionv1.DefaultRateBurst)),
-		int64(safetyFactorPercent(dq)), targetsFor(obs))
-	return &r
-}
-
-// desiredQuota is what every pod should hold, for the Pusher.
-func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
-	d := push.DesiredQuota{
-		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
-		UID:        dq.UID,
-		Generation: dq.Generation,
-		Limit:      dq.Spec.MaxInFlight,
-		Downstream: downstreamTemplate(dq),
-		Switches:   switches,
-	}
-	rates := rateSplitFor(dq, obs)
-	for i, o := range obs {
-		var rate apportion.RateShare
-		if rates != nil {
-			rate = rates.PerPod[i]
-		}
-		k := 0 // o.Pods index among the pods that take a remainder: split.Permits[i]'s order
-		for _, p := range o.Pods {
-			permits := split.PerPod[i]
-			if takesRemainder(&p) {
-				permits = split.Permits[i][k]
-				k++
-			}
-			d.Pods = append(d.Pods, push.DesiredPod{
-				Name:          p.Name,
-				UID:           p.UID,
-				Target:        o.Target.Name,
-				Endpoint:      agentEndpoint(&p),
-				Permits:       int32(permits),
-				SafeDefault:   int32(split.SafeDefault[i]),
-				RatePerSecond: rate.PerSecond,
-				RateBurst:     int32(rate.Burst),
-				Terminating:   p.DeletionTimestamp != nil,
-				Since:         p.CreationTimestamp.Time,
-				Bootstrap:     agentBootstraps(&p),
-			})
-		}
-	}
-	return d
 }
