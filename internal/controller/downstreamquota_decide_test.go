@@ -68,6 +68,7 @@ func TestDecide(t *testing.T) {
 		ready     string   // "<status>: <reason>"
 		outranked []string // the reasons of lower causes that hold too
 		reachable string   // PodsReachable: "<status>: <reason>", or "" (no condition)
+		reachSays string   // in PodsReachable's message
 		events    []string // "<reason>: <note>"
 		// permits are the desired permits per pod (nil: not checked), assigned their sum.
 		permits  []int32
@@ -115,7 +116,7 @@ func TestDecide(t *testing.T) {
 			name: "unreachable pods: a Warning naming them", quota: quota.Obj(), obs: eight,
 			report: &push.Report{Unreachable: []string{"gateway-1", "gateway-2"}},
 			prior:  eight, priorReport: converged,
-			ready: "False: Pushing", reachable: "False: AgentsUnreachable",
+			ready: "False: Pushing", reachable: "False: AgentsUnreachable", reachSays: "agents not reachable: gateway-1, gateway-2;",
 			events:   []string{"PodsUnreachable: could not reach the agents of gateway-1, gateway-2"},
 			permits:  fives,
 			assigned: 40,
@@ -133,9 +134,10 @@ func TestDecide(t *testing.T) {
 			report: &push.Report{Converged: true, Unreachable: []string{"gateway-2"}, Misbehaving: []string{"gateway-2"}},
 			prior:  eight, priorReport: converged,
 			ready: apportioned, reachable: "False: AgentsUnreachable",
-			events:   []string{"PodsUnreachable: could not reach the agents of gateway-2"},
-			permits:  fives,
-			assigned: 40,
+			reachSays: "of those, gateway-2 answered with an epoch newer than any manager's (misbehaving",
+			events:    []string{"PodsUnreachable: could not reach the agents of gateway-2"},
+			permits:   fives,
+			assigned:  40,
 		},
 		{
 			name: "recovering: a new manager waits out the leases", quota: quota.Obj(), obs: eight,
@@ -219,6 +221,9 @@ func TestDecide(t *testing.T) {
 			}
 			if got := cond(apportionv1.ConditionPodsReachable); got != tc.reachable {
 				t.Errorf("PodsReachable = %q, want %q", got, tc.reachable)
+			}
+			if c := meta.FindStatusCondition(d.Status.Conditions, apportionv1.ConditionPodsReachable); tc.reachSays != "" && !strings.Contains(c.Message, tc.reachSays) {
+				t.Errorf("PodsReachable says %q, want it to say %q", c.Message, tc.reachSays)
 			}
 			// Ready's precedence: every outranked cause holds in this row, and comes after the
 			// reported one in readyPrecedence.
