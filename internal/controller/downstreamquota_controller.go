@@ -3,8 +3,6 @@ package controller
 import (
 	"cmp"
 	"context"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,9 +10,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -32,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
-	"github.com/apportion/apportion/internal/apportion"
 	"github.com/apportion/apportion/internal/apportion/demand"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/targets"
@@ -113,118 +107,92 @@ type DownstreamQuotaReconciler struct {
 
 var _ reconcile.Reconciler = (*DownstreamQuotaReconciler)(nil)
 
-// Reconcile implements reconcile.Reconciler.
+// Reconcile implements reconcile.Reconciler in three steps, as cert-manager's controllers do:
+//
+//   - gather (downstreamquota_gather.go): read everything the decision depends on into one
+//     value: the quota, its targets' workloads, HPAs and pods, the degrade switches in force, the
+//     engine's last report, the reconciler's own memory of the quota, the clock;
+//   - decide, from that value alone, with no client and no clock: decideAssignment, what every
+//     pod should hold (downstreamquota_assignment.go), then decideStatus, the status (Ready by
+//     an explicit order of precedence), the Events and the requeue (downstreamquota_decide.go);
+//   - act: the engine takes the assignment (assign); the status and its Events go to the status
+//     writer (act).
+//
+// The engine takes the assignment between the two halves of the decision: the status reports
+// what the engine holds once it has the new assignment (not converged while pods have not
+// acknowledged it, the ledger of the new plan), which only the engine knows; a status decided on
+// the report from before would call a quota Ready whose pods have not seen their new permits.
 func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	var dq apportionv1.DownstreamQuota
-	if err := r.Get(ctx, req.NamespacedName, &dq); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.decided.Delete(req.NamespacedName)
-			r.sharing.Delete(req.NamespacedName)
-			r.statusWriter().forget(req.NamespacedName)
-			if r.Pusher != nil {
-				r.Pusher.DeleteQuota(req.NamespacedName)
-			}
-			return ctrl.Result{}, nil
-		}
+	in, err := r.gather(ctx, req.NamespacedName)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if in == nil {
+		r.forget(req.NamespacedName)
+		return ctrl.Result{}, nil
+	}
+	policy := r.policy()
+	a := decideAssignment(in, policy)
+	report := r.assign(req.NamespacedName, a)
+	return r.act(ctx, req.NamespacedName, in.Quota.UID, decideStatus(in, policy, a, report))
+}
 
-	// The last status decided for this quota (the cached one can lag behind it): the base of the
-	// new one, the safe default's kept replica bound, and the baseline of the Events.
-	base := dq.Status
-	if d, ok := r.decided.Load(req.NamespacedName); ok && d.(decidedStatus).UID == dq.UID {
-		base = d.(decidedStatus).Status
+// policy is the reconciler's settings as a decision reads them, defaults filled in.
+func (r *DownstreamQuotaReconciler) policy() quotaPolicy {
+	p := quotaPolicy{
+		Push:              r.Pusher != nil,
+		SharingPeriod:     r.SharingPeriod,
+		Sharing:           r.sharingParams(),
+		RemainderRotation: cmp.Or(r.RemainderRotation, DefaultRemainderRotation),
 	}
-	prev := base.Targets
-	obs := make([]targetObservation, len(dq.Spec.Targets))
-	for i, t := range dq.Spec.Targets {
-		o, err := r.observe(ctx, dq.Namespace, t)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if p := findTarget(prev, t); p != nil {
-			o.Kept = int64(p.SafeDefaultReplicas)
-		}
-		obs[i] = o
+	if p.SharingPeriod <= 0 {
+		p.SharingPeriod = DefaultSharingPeriod
 	}
-	rot := r.rotation(&dq)
-	split := splitFor(&dq, obs, rot.Counter)
+	return p
+}
 
-	var switches []push.TargetedSwitch
-	if r.Pusher != nil {
-		var err error
-		if switches, err = r.switchesFor(ctx, &dq); err != nil {
-			return ctrl.Result{}, err
-		}
+// assign hands the assignment to the engine and returns the engine's report once it has it; nil
+// without an engine.
+func (r *DownstreamQuotaReconciler) assign(key types.NamespacedName, a quotaAssignment) *push.Report {
+	if r.Pusher == nil || a.Desired == nil {
+		return nil
 	}
+	if a.Shared == nil {
+		r.sharing.Delete(key) // not (or no longer) DemandAware: its sharing memory goes
+	}
+	r.Pusher.SetQuota(*a.Desired)
+	rep := r.Pusher.Report(key)
+	return &rep
+}
 
-	var report *push.Report
-	var shared *shareResult
-	if r.Pusher != nil {
-		desired := desiredQuota(&dq, obs, split, switches)
-		if demandAware(&dq) {
-			last := r.Pusher.Report(req.NamespacedName)
-			res := decideShares(&dq, obs, split, &last, &desired, r.memoryFor(req.NamespacedName), r.sharingParams(), r.Clock.Now())
-			shared = &res
-		} else {
-			r.sharing.Delete(req.NamespacedName)
-		}
-		r.Pusher.SetQuota(desired)
-		rep := r.Pusher.Report(req.NamespacedName)
-		report = &rep
-	}
-
-	// Whole seconds: the API server keeps a time to the second, and a status is written only
-	// when it differs from what the quota has.
-	now := metav1.NewTime(r.Clock.Now()).Rfc3339Copy()
-	cur := dq
-	cur.Status = base
-	status := computeStatus(&cur, obs, split, report, now)
-	var events []statusEvent
-	status.Lanes = lanesStatus(&dq, report)
-	if shared != nil {
-		status.Sharing = shared.Status
-		if msg := sharesMovedMessage(&dq, *shared); msg != "" {
-			events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSharesMoved, "Rebalance", msg})
-		}
-	}
-	if msg := rebalanceMessage(prev, status.Targets); msg != "" {
-		status.LastRebalanceTime = &now
-		events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonRebalanced, "Rebalance", "rebalanced: " + msg})
-	}
-	if msg := safeDefaultMessage(prev, status.Targets); msg != "" {
-		events = append(events, statusEvent{corev1.EventTypeNormal, apportionv1.ReasonSafeDefaultChanged, "Rebalance", "safe default: " + msg})
-	}
-	// One Warning each time the set of pods without an agent changes: the condition names them.
-	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsWithoutAgent); c != nil && c.Status == metav1.ConditionTrue {
-		if old := meta.FindStatusCondition(base.Conditions, apportionv1.ConditionPodsWithoutAgent); old == nil || old.Message != c.Message {
-			events = append(events, statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsWithoutAgent, "Apportion", c.Message})
-		}
-	}
-	// One Warning each time the set of unreachable pods changes: the condition's message names it.
-	if c := meta.FindStatusCondition(status.Conditions, apportionv1.ConditionPodsReachable); c != nil && c.Status == metav1.ConditionFalse && c.Reason == apportionv1.ReasonAgentsUnreachable {
-		if old := meta.FindStatusCondition(base.Conditions, apportionv1.ConditionPodsReachable); old == nil || old.Message != c.Message {
-			events = append(events, statusEvent{corev1.EventTypeWarning, apportionv1.ReasonPodsUnreachable, "Push",
-				"could not reach the agents of " + strings.Join(report.Unreachable, ", ")})
-		}
-	}
-	// A DemandAware quota is looked at again every sharing period, even when nothing changed, and
-	// a split with a remainder when its rotation counter advances.
-	requeue := ctrl.Result{RequeueAfter: r.requeueFor(&dq, split, rot)}
-	update := quotaStatusUpdate{UID: dq.UID, Status: status, Events: events}
+// act hands the decided status and its Events to the status writer — or, without one, writes
+// them — and remembers the decision as the base of the next one.
+func (r *DownstreamQuotaReconciler) act(ctx context.Context, key types.NamespacedName, uid types.UID, d quotaDecision) (ctrl.Result, error) {
+	update := quotaStatusUpdate{UID: uid, Status: d.Status, Events: d.Events}
+	requeue := ctrl.Result{RequeueAfter: d.Requeue}
 	if r.writer != nil {
 		// The writer writes it — unless the quota already has it — and records the Events after;
 		// it keeps this decision until then, so it is the base of the next one.
-		r.decided.Store(req.NamespacedName, decidedStatus{UID: dq.UID, Status: status})
-		r.writer.Set(req.NamespacedName, update)
+		r.decided.Store(key, decidedStatus{UID: uid, Status: d.Status})
+		r.writer.Set(key, update)
 		return requeue, nil
 	}
-	if _, err := r.statusWriter().write(ctx, req.NamespacedName, update); err != nil {
+	if _, err := r.statusWriter().write(ctx, key, update); err != nil {
 		// Nothing decided or recorded: the retry computes the same change again.
 		return ctrl.Result{}, err
 	}
-	r.decided.Store(req.NamespacedName, decidedStatus{UID: dq.UID, Status: status})
+	r.decided.Store(key, decidedStatus{UID: uid, Status: d.Status})
 	return requeue, nil
+}
+
+// forget drops what the reconciler and the engine keep of a quota that is gone.
+func (r *DownstreamQuotaReconciler) forget(key types.NamespacedName) {
+	r.decided.Delete(key)
+	r.sharing.Delete(key)
+	r.statusWriter().forget(key)
+	if r.Pusher != nil {
+		r.Pusher.DeleteQuota(key)
+	}
 }
 
 // decidedStatus is the last status decided for a quota, and the quota's UID.
@@ -240,214 +208,6 @@ func (r *DownstreamQuotaReconciler) statusWriter() *quotaStatusWriter {
 		r.statusWrite = &quotaStatusWriter{Reader: r.Client, Client: r.Client, Recorder: r.Recorder}
 	})
 	return r.statusWrite
-}
-
-// targetObservation is what the API says about one target.
-type targetObservation struct {
-	Target       apportionv1.Target
-	Found        bool
-	SpecReplicas int32
-	HPA          *apportionv1.HPAStatus
-	Pods         []corev1.Pod
-	// Kept is the safeDefaultReplicas of the target's last status (0 if none).
-	Kept int64
-}
-
-func (r *DownstreamQuotaReconciler) observe(ctx context.Context, ns string, t apportionv1.Target) (targetObservation, error) {
-	o := targetObservation{Target: t}
-	// The same rule as the injection webhook's (internal/targets): the workload's selector.
-	w, err := targets.Get(ctx, r.Client, ns, t)
-	if err != nil || !w.Exists {
-		return o, err
-	}
-	o.Found, o.SpecReplicas = !w.Terminating, w.SpecReplicas
-
-	hpa, err := r.hpaFor(ctx, ns, t)
-	if err != nil {
-		return o, err
-	}
-	if hpa != nil {
-		o.HPA = &apportionv1.HPAStatus{
-			Name:            hpa.Name,
-			DesiredReplicas: hpa.Status.DesiredReplicas,
-			CurrentReplicas: hpa.Status.CurrentReplicas,
-			MaxReplicas:     hpa.Spec.MaxReplicas,
-		}
-	}
-
-	if w.Selector == nil {
-		return o, nil // never list without a selector: that would count every pod of the namespace
-	}
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: w.Selector}); err != nil {
-		return o, err
-	}
-	for _, p := range pods.Items {
-		if mayCall(&p) {
-			o.Pods = append(o.Pods, p)
-		}
-	}
-	sort.Slice(o.Pods, func(i, j int) bool { return o.Pods[i].Name < o.Pods[j].Name })
-	return o, nil
-}
-
-// hpaFor finds the HPA that scales a target: the named one, or the one whose scaleTargetRef
-// names the workload (the oldest when several claim it).
-func (r *DownstreamQuotaReconciler) hpaFor(ctx context.Context, ns string, t apportionv1.Target) (*autoscalingv2.HorizontalPodAutoscaler, error) {
-	if t.HPAName != "" {
-		var hpa autoscalingv2.HorizontalPodAutoscaler
-		if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: t.HPAName}, &hpa); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, nil
-			}
-			return nil, err
-		}
-		return &hpa, nil
-	}
-	var list autoscalingv2.HorizontalPodAutoscalerList
-	if err := r.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{indexHPATarget: workloadKey(string(t.Kind), t.Name)}); err != nil {
-		return nil, err
-	}
-	if len(list.Items) == 0 {
-		return nil, nil
-	}
-	sort.Slice(list.Items, func(i, j int) bool {
-		a, b := list.Items[i], list.Items[j]
-		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
-			return a.CreationTimestamp.Before(&b.CreationTimestamp)
-		}
-		return a.Name < b.Name
-	})
-	return &list.Items[0], nil
-}
-
-// replicas applies apportion.Replicas to an observation.
-func (o targetObservation) replicas() int64 {
-	if !o.Found {
-		return 0
-	}
-	var desired, current int64
-	if o.HPA != nil {
-		desired, current = int64(o.HPA.DesiredReplicas), int64(o.HPA.CurrentReplicas)
-	}
-	return apportion.Replicas(desired, current, int64(o.SpecReplicas), int64(len(o.Pods)))
-}
-
-// maxReplicas is the replica count the safe default is split over (status
-// targets[].safeDefaultReplicas): the HPA's maxReplicas while an HPA scales the target; without
-// one, the highest count seen for the target (Kept, from the last status), so that neither a
-// deleted HPA nor a scale-in raises the safe default — an agent falls back to it when it cannot
-// hear from the manager, possibly while the workload is scaled by hand. An HPA created again
-// sets it anew, lower or higher: it bounds the replicas again. Never below replicas.
-func (o targetObservation) maxReplicas() int64 {
-	if o.HPA != nil {
-		return max(int64(o.HPA.MaxReplicas), o.replicas())
-	}
-	return max(o.Kept, o.replicas())
-}
-
-// targetsFor is the quota's targets as package apportion counts them.
-func targetsFor(obs []targetObservation) []apportion.Target {
-	ts := make([]apportion.Target, len(obs))
-	for i, o := range obs {
-		ts[i] = apportion.Target{Weight: weightOf(o.Target), Replicas: o.replicas(), MaxReplicas: o.maxReplicas()}
-		for j := range o.Pods {
-			if takesRemainder(&o.Pods[j]) {
-				ts[i].Pods = append(ts[i].Pods, podIdentity(o.Pods[j].UID, o.Pods[j].Name))
-			}
-		}
-	}
-	return ts
-}
-
-// takesRemainder says whether a pod may get a permit of the remainder: not a terminating one,
-// which the push engine grants nothing anyway; its slot keeps its floor.
-func takesRemainder(p *corev1.Pod) bool { return p.DeletionTimestamp == nil }
-
-// podIdentity is what ranks a pod for the remainder: its UID (a pod created again under the
-// same name is another pod), its name where it has none (tests).
-func podIdentity(uid types.UID, name string) string { return cmp.Or(string(uid), name) }
-
-// splitFor splits the quota's in-flight limit among the observed targets, the remainder handed
-// out at rotation counter rotation.
-func splitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation, rotation uint64) apportion.Result {
-	return apportion.Split(int64(dq.Spec.MaxInFlight), int64(safetyFactorPercent(dq)), targetsFor(obs), rotation)
-}
-
-// rateSplitFor splits the quota's rate contract among the observed targets like splitFor splits
-// its limit; nil when the quota has no rate contract.
-func rateSplitFor(dq *apportionv1.DownstreamQuota, obs []targetObservation) *apportion.RateResult {
-	rc := dq.Spec.Rate
-	if rc == nil {
-		return nil
-	}
-	r := apportion.SplitRate(int64(rc.RequestsPerSecond), int64(int32Or(rc.Burst, apportionv1.DefaultRateBurst)),
-		int64(safetyFactorPercent(dq)), targetsFor(obs))
-	return &r
-}
-
-// desiredQuota is what every pod should hold, for the Pusher.
-func desiredQuota(dq *apportionv1.DownstreamQuota, obs []targetObservation, split apportion.Result, switches []push.TargetedSwitch) push.DesiredQuota {
-	d := push.DesiredQuota{
-		Key:        types.NamespacedName{Namespace: dq.Namespace, Name: dq.Name},
-		UID:        dq.UID,
-		Generation: dq.Generation,
-		Limit:      dq.Spec.MaxInFlight,
-		Downstream: downstreamTemplate(dq),
-		Switches:   switches,
-	}
-	rates := rateSplitFor(dq, obs)
-	for i, o := range obs {
-		var rate apportion.RateShare
-		if rates != nil {
-			rate = rates.PerPod[i]
-		}
-		k := 0 // o.Pods index among the pods that take a remainder: split.Permits[i]'s order
-		for _, p := range o.Pods {
-			permits := split.PerPod[i]
-			if takesRemainder(&p) {
-				permits = split.Permits[i][k]
-				k++
-			}
-			d.Pods = append(d.Pods, push.DesiredPod{
-				Name:          p.Name,
-				UID:           p.UID,
-				Target:        o.Target.Name,
-				Endpoint:      agentEndpoint(&p),
-				Permits:       int32(permits),
-				SafeDefault:   int32(split.SafeDefault[i]),
-				RatePerSecond: rate.PerSecond,
-				RateBurst:     int32(rate.Burst),
-				Terminating:   p.DeletionTimestamp != nil,
-				Since:         p.CreationTimestamp.Time,
-				Bootstrap:     agentBootstraps(&p),
-			})
-		}
-	}
-	return d
-}
-
-// mayCall says whether a listed pod may call the downstream: a pod that finished cannot call
-// anything; every other pod, terminating ones included, may.
-func mayCall(p *corev1.Pod) bool {
-	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
-}
-
-// switchesFor lists the degrade switches that are in force for this quota now.
-func (r *DownstreamQuotaReconciler) switchesFor(ctx context.Context, dq *apportionv1.DownstreamQuota) ([]push.TargetedSwitch, error) {
-	var rules apportionv1.DegradeRuleList
-	if err := r.List(ctx, &rules, client.InNamespace(dq.Namespace), client.MatchingFields{indexRuleDownstream: dq.Name}); err != nil {
-		return nil, err
-	}
-	now := r.Clock.Now()
-	var out []push.TargetedSwitch
-	for i := range rules.Items {
-		if ts, ok := switchFor(&rules.Items[i], now); ok {
-			out = append(out, ts)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Switch.Name < out[j].Switch.Name })
-	return out, nil
 }
 
 // SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name

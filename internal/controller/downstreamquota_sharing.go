@@ -53,18 +53,15 @@ type remainderRotation struct {
 	Now, Next time.Time
 }
 
-// rotation is the quota's remainder rotation counter now. It follows the wall clock, with a phase
-// of the quota's own (its UID): a manager that takes over computes the same counter and so the
-// same split, a reconcile within one period changes nothing, and the quotas of a manager do not
-// all rotate — and push — at once. A counter per quota generation would leave a quota nobody edits
-// favouring the same pods forever; one per reconcile would push on every reconcile.
-func (r *DownstreamQuotaReconciler) rotation(dq *apportionv1.DownstreamQuota) remainderRotation {
-	period := r.RemainderRotation
-	if period == 0 {
-		period = DefaultRemainderRotation
-	}
-	rot := remainderRotation{Now: r.Clock.Now()}
-	rot.Counter, rot.Next = apportion.Rotation(rot.Now, period, string(dq.UID))
+// rotationAt is the quota's remainder rotation counter at now, the counter advancing every
+// period (negative: never). It follows the wall clock, with a phase of the quota's own (its UID):
+// a manager that takes over computes the same counter and so the same split, a reconcile within
+// one period changes nothing, and the quotas of a manager do not all rotate — and push — at once.
+// A counter per quota generation would leave a quota nobody edits favouring the same pods
+// forever; one per reconcile would push on every reconcile.
+func rotationAt(dq *apportionv1.DownstreamQuota, now time.Time, period time.Duration) remainderRotation {
+	rot := remainderRotation{Now: now}
+	rot.Counter, rot.Next = apportion.Rotation(now, period, string(dq.UID))
 	return rot
 }
 
@@ -128,8 +125,8 @@ func (r *DownstreamQuotaReconciler) sharingParams() sharingParams {
 // requeueFor is when a quota is reconciled again without any change: DemandAware quotas every
 // sharing period (their demand is sampled then), quotas with lanes to refresh the lanes' status,
 // and a split with a remainder when its rotation counter advances, whichever comes first.
-func (r *DownstreamQuotaReconciler) requeueFor(dq *apportionv1.DownstreamQuota, split apportion.Result, rot remainderRotation) time.Duration {
-	d := r.periodicRequeue(dq)
+func requeueFor(dq *apportionv1.DownstreamQuota, p quotaPolicy, split apportion.Result, rot remainderRotation) time.Duration {
+	d := periodicRequeue(dq, p)
 	for _, e := range split.Extra {
 		if e > 0 && !rot.Next.IsZero() {
 			if untilNext := rot.Next.Sub(rot.Now); d == 0 || untilNext < d {
@@ -141,16 +138,14 @@ func (r *DownstreamQuotaReconciler) requeueFor(dq *apportionv1.DownstreamQuota, 
 	return d
 }
 
-// periodicRequeue is the requeue of DemandAware quotas and quotas with lanes (requeueFor).
-func (r *DownstreamQuotaReconciler) periodicRequeue(dq *apportionv1.DownstreamQuota) time.Duration {
+// periodicRequeue is the requeue of DemandAware quotas and quotas with lanes (requeueFor), with
+// an engine: without one there is neither demand to sample nor lanes reported.
+func periodicRequeue(dq *apportionv1.DownstreamQuota, p quotaPolicy) time.Duration {
 	switch {
-	case r.Pusher == nil:
+	case !p.Push:
 		return 0
 	case demandAware(dq):
-		if r.SharingPeriod > 0 {
-			return r.SharingPeriod
-		}
-		return DefaultSharingPeriod
+		return p.SharingPeriod
 	case len(dq.Spec.Lanes) > 0:
 		return lanesStatusPeriod
 	}
