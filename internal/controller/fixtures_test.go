@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/testing/builders"
 )
 
@@ -61,3 +63,26 @@ func getQuota(ctx context.Context, ns, name string) func() (*apportionv1.Downstr
 }
 
 func timeParse(s string) (time.Duration, error) { return time.ParseDuration(s) }
+
+// startTestEngine starts a real push engine over client with windows short enough that its
+// recovery after start (PushTimeout + AcceptGrace + LeaseTTL + the quota's requestTimeout) is
+// over in about 2 s; it is stopped when the spec ends.
+func startTestEngine(ctx context.Context, client push.AgentClient) *push.Engine {
+	engine, err := push.New(push.Options{
+		Client:      client,
+		Epoch:       push.EpochFunc(func(context.Context) (int64, error) { return 1, nil }),
+		LeaseTTL:    time.Second,
+		RenewEvery:  500 * time.Millisecond,
+		PushTimeout: 250 * time.Millisecond,
+		AcceptGrace: 100 * time.Millisecond,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	ectx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- engine.Start(ectx) }()
+	DeferCleanup(func() {
+		stop()
+		Eventually(done).Should(Receive(BeNil()))
+	})
+	return engine
+}

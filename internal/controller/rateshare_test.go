@@ -17,7 +17,6 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
-	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/testing/builders"
 )
 
@@ -93,22 +92,7 @@ var _ = Describe("DownstreamQuota rate shares", func() {
 		// that its recovery after start (PushTimeout + AcceptGrace + LeaseTTL + the quota's
 		// requestTimeout) is over in about 2 s.
 		agents := newRecordingAgents()
-		engine, err := push.New(push.Options{
-			Client:      agents,
-			Epoch:       push.EpochFunc(func(context.Context) (int64, error) { return 1, nil }),
-			LeaseTTL:    time.Second,
-			RenewEvery:  500 * time.Millisecond,
-			PushTimeout: 250 * time.Millisecond,
-			AcceptGrace: 100 * time.Millisecond,
-		})
-		Expect(err).NotTo(HaveOccurred())
-		ectx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- engine.Start(ectx) }()
-		DeferCleanup(func() {
-			stop()
-			Eventually(done).Should(Receive(BeNil()))
-		})
+		engine := startTestEngine(ctx, agents)
 		// This reconciler pushes through the engine; it runs when the test says, over the
 		// manager's cache, as pushedSwitches does for switches.
 		r := &DownstreamQuotaReconciler{Client: managerClient, Recorder: events.NewFakeRecorder(100), Pusher: engine, Clock: clock.RealClock{}}

@@ -18,7 +18,6 @@ import (
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/apportion"
 	"github.com/apportion/apportion/internal/assignment"
-	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/testing/builders"
 )
 
@@ -71,22 +70,7 @@ var _ = Describe("DownstreamQuota remainder", func() {
 	// the limit. Prints Σ permits / budget before (the floor alone) and now.
 	It("pushes the whole budget to the pods and rotates who gets one more, never above the limit", func() {
 		agents := &summingAgents{recordingAgents: newRecordingAgents(), ds: "logistics"}
-		engine, err := push.New(push.Options{
-			Client:      agents,
-			Epoch:       push.EpochFunc(func(context.Context) (int64, error) { return 1, nil }),
-			LeaseTTL:    time.Second,
-			RenewEvery:  500 * time.Millisecond,
-			PushTimeout: 250 * time.Millisecond,
-			AcceptGrace: 100 * time.Millisecond,
-		})
-		Expect(err).NotTo(HaveOccurred())
-		ectx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- engine.Start(ectx) }()
-		DeferCleanup(func() {
-			stop()
-			Eventually(done).Should(Receive(BeNil()))
-		})
+		engine := startTestEngine(ctx, agents)
 		clk := clocktesting.NewFakePassiveClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 		r := &DownstreamQuotaReconciler{Client: managerClient, Recorder: events.NewFakeRecorder(1000), Pusher: engine, Clock: clk}
 		key := types.NamespacedName{Namespace: ns, Name: "logistics"}
