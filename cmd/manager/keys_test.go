@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
-	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // TestKeyKeeperRotation drives the keeper through a rotation with an injected clock: a new key is
@@ -25,9 +25,9 @@ func TestKeyKeeperRotation(t *testing.T) {
 	now := t0
 	clk := func() time.Time { return now }
 	c := fake.NewClientBuilder().Build()
-	keys := &push.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: clk}
+	signingKeys := &keys.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: clk}
 	changes := make(chan event.GenericEvent, 1)
-	k := &keyKeeper{keys: keys, signer: push.NewSigningClient(nil, push.Schedule{}), overlap: 10 * time.Minute,
+	k := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
 		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard(), changes: changes}
 
 	step := func(at time.Duration, wantSigning int, wantTrust []int, wantSecret []int) {
@@ -37,7 +37,7 @@ func TestKeyKeeperRotation(t *testing.T) {
 			t.Fatal(err)
 		}
 		var s corev1.Secret
-		if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: push.DefaultSigningKeySecret}, &s); err != nil {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: keys.DefaultSigningKeySecret}, &s); err != nil {
 			t.Fatal(err)
 		}
 		secretIDs := slices.Sorted(maps.Keys(s.Data))
@@ -88,7 +88,7 @@ func TestKeyKeeperRotation(t *testing.T) {
 		t.Fatal("the withdrawal was not announced")
 	}
 	// A new leader (a new keeper, same Secret) continues the same schedule.
-	k2 := &keyKeeper{keys: keys, signer: push.NewSigningClient(nil, push.Schedule{}), overlap: 10 * time.Minute,
+	k2 := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
 		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard()}
 	k = k2
 	step(time.Hour+30*time.Minute, 1, []int{1}, []int{1})

@@ -6,7 +6,7 @@ import (
 )
 
 // DeadlineBounded is implemented by an AgentClient that may end every request at its context's
-// deadline by itself, without watching the context's Done: SigningClient over h1.HTTPClient,
+// deadline by itself, without watching the context's Done: keys.SigningClient over h1.HTTPClient,
 // which makes the deadline its connection's. When BoundsByDeadline reports true the engine
 // bounds a request with a context that carries the PushTimeout deadline and no timer
 // (deadlineOnly), sparing a timer and a registration with the engine's context per push —

@@ -4,11 +4,13 @@
 // quota's limit — during scale-out, scale-in, manager restarts and lost connectivity. The
 // protocol, its timeouts and the argument for why the sum holds are in docs/protocol.md.
 //
-// Use: build an Engine with New (an AgentClient such as a SigningClient, an EpochSource such as
-// ConfigMapEpoch), add it to the manager (it is a leader-election Runnable), and have the
+// Use: build an Engine with New (an AgentClient such as keys.SigningClient, an EpochSource such
+// as ConfigMapEpoch), add it to the manager (it is a leader-election Runnable), and have the
 // DownstreamQuota controller call SetQuota / DeleteQuota and read Report, and the DegradeRule
 // controller read SwitchApplied. Options.OnChange tells the controllers when a quota's Report
-// changed. SigningKeys manages the Secret with the manager's Ed25519 signing keys (its own namespace only).
+// changed. The key material (the signing keys, their schedule, the signing client) is package
+// internal/keys; the epoch record stays here: it is the fencing half of the protocol (§9), not
+// key material, and the engine and the controller read it as the engine's EpochSource.
 //
 // Structure: core is a deterministic state machine without I/O, goroutines or clock reads (every
 // method takes now); Engine (engine.go) runs it under one mutex with a bounded worker pool, a
@@ -36,5 +38,4 @@
 //	report.go      Report, change detection for OnChange, Events, SwitchApplied counts
 //	metrics.go     the engine's Prometheus metrics
 //	epoch.go       ConfigMapEpoch, the fencing epoch counter and the record that decides fencing
-//	signing.go, credentials.go  SigningClient (batch signatures too) and SigningKeys (the manager's Ed25519 keys)
 package push

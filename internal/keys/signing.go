@@ -1,4 +1,4 @@
-package push
+package keys
 
 import (
 	"context"
@@ -35,11 +35,11 @@ func NewSigningClient(hc assignment.Doer, s Schedule) *SigningClient {
 	return c
 }
 
-// BoundsByDeadline implements DeadlineBounded: it ends a request at its context's deadline by
+// BoundsByDeadline implements push.DeadlineBounded: it ends a request at its context's deadline by
 // itself when its HTTP client does (h1.HTTPClient: the deadline is its connection's). Trying
 // the other keys after an unknown-key answer stays within the same deadline.
 func (c *SigningClient) BoundsByDeadline() bool {
-	d, ok := c.HTTP.(DeadlineBounded)
+	d, ok := c.HTTP.(interface{ BoundsByDeadline() bool }) // push.DeadlineBounded, not imported: push uses keys
 	return ok && d.BoundsByDeadline()
 }
 

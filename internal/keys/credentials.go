@@ -1,4 +1,4 @@
-package push
+package keys
 
 import (
 	"context"
@@ -24,10 +24,6 @@ import (
 // DefaultSigningKeySecret is the name of the Secret, in the manager's namespace, that holds the
 // manager's Ed25519 private keys. It never leaves that namespace.
 const DefaultSigningKeySecret = "apportion-signing-key"
-
-// DefaultTrustConfigMap is the name of the ConfigMap holding the public keys agents verify with,
-// kept in every namespace where an agent may run (docs/protocol.md §10).
-const DefaultTrustConfigMap = "apportion-trust"
 
 // DefaultKeyOverlap is how long a new key is published before the manager signs with it, and how
 // long the previous key stays published after that.
@@ -261,7 +257,9 @@ func (k *SigningKeys) newKey(r KeyRing) (RingKey, error) {
 	id := "k" + now.Format("20060102-150405")
 	if n := len(r); n > 0 && id <= r[n-1].ID {
 		id = r[n-1].ID + "-1" // same second or a clock behind: extend the newest id
-		now = maxTime(now, r[n-1].Created)
+		if r[n-1].Created.After(now) {
+			now = r[n-1].Created
+		}
 	}
 	if !assignment.ValidKeyID(id) {
 		return RingKey{}, fmt.Errorf("cannot make a valid key id after %q", r[len(r)-1].ID)
