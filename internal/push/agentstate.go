@@ -59,7 +59,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 			f := &foreignHold{
 				epoch:     st.Epoch,
 				bootstrap: st.Epoch == 0,
-				leaseEnd:  c.foreignLeaseEnd(),
+				leaseEnd:  c.ledger.foreignLeaseEnd(),
 				holds:     make(map[string]foreignDS, len(st.Downstreams)),
 			}
 			for _, d := range st.Downstreams {
@@ -140,7 +140,8 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
 	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
 	for _, e := range p.entries {
-		c.carryCounted(e, now, now.Add(e.maxRequestTimeout))
+		c.ledger.carryCounted(e, now, now.Add(e.maxRequestTimeout))
+		c.markQuota(e.quota)
 		e.grant = 0
 	}
 	keep := p.versions[:0]
@@ -162,7 +163,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 // unknown pod until now is carried until then. A pod this engine saw from its first endpoint on
 // needs no carry: nobody but this engine configures it, and it never pushes an unknown pod.
 func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time) {
-	if st.Uptime <= 0 || !c.started || !p.hadEndpoint() || !c.mayPredate(p) {
+	if st.Uptime <= 0 || !c.ledger.started || !p.hadEndpoint() || !c.ledger.mayPredate(p) {
 		return
 	}
 	began := now.Add(-st.Uptime.D())
@@ -171,16 +172,17 @@ func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time
 		if !now.Before(until) {
 			continue
 		}
-		c.carryCounted(e, now, until)
+		c.ledger.carryCounted(e, now, until)
+		c.markQuota(e.quota)
 	}
 }
 
 // carryCounted adds what the entry is counted at now, its grant aside (the bound of what the
-// pod's previous process may still run), to its carry, kept until at least until.
-func (c *core) carryCounted(e *entry, now, until time.Time) {
-	h, ph, carry, _ := c.held(e, now)
+// pod's previous process may still run), to its carry, kept until at least until. The caller
+// replans the entry's quota.
+func (l *ledger) carryCounted(e *entry, now, until time.Time) {
+	h, ph, carry, _ := l.held(e, now)
 	e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
-	c.markQuota(e.quota)
 }
 
 // restarted says whether st comes from a new agent process: its state went backwards (a lower

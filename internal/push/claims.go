@@ -53,7 +53,7 @@ func (c *core) claim(w *work, epoch int64, now time.Time) {
 // pendingClaim says whether a claim waits for the epoch record, and the number of the last
 // claim made: a read started now decides every claim up to it (recordRead).
 func (c *core) pendingClaim() (upTo uint64, ok bool) {
-	return c.claimSeq, len(c.claimants) > 0 && !c.fenced
+	return c.claimSeq, len(c.claimants) > 0 && !c.ledger.fenced
 }
 
 // recordRead applies a read of the epoch record started after claim upTo was made: record is
@@ -69,7 +69,7 @@ func (c *core) pendingClaim() (upTo uint64, ok bool) {
 //     Warning Event (at most one per pod per claimEventEvery), and is asked again (a probe)
 //     after its backoff.
 func (c *core) recordRead(upTo uint64, record int64, err error, now time.Time) {
-	if c.fenced {
+	if c.ledger.fenced {
 		return
 	}
 	if err != nil {
@@ -78,7 +78,7 @@ func (c *core) recordRead(upTo uint64, record int64, err error, now time.Time) {
 		return
 	}
 	if record > c.epoch {
-		c.fenced, c.fencedBy = true, record
+		c.ledger.fenced, c.fencedBy = true, record
 		c.log.Error(nil, "fenced: an agent holds a newer epoch and the epoch record confirms it; stopping",
 			"record", record, "epoch", c.epoch)
 		return

@@ -27,8 +27,8 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 	h.advance(4 * time.Second) // a renewal round: p0's renewal is answered with the claim
 	h.settle()
 	upTo, ok := h.c.pendingClaim()
-	if !ok || h.c.fenced {
-		t.Fatalf("claim pending %v, fenced %v", ok, h.c.fenced)
+	if !ok || h.c.ledger.fenced {
+		t.Fatalf("claim pending %v, fenced %v", ok, h.c.ledger.fenced)
 	}
 	r := h.report("ns", "q")
 	if !slices.Contains(r.Unreachable, "p0") || len(r.Misbehaving) != 0 {
@@ -45,7 +45,7 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 	}
 
 	h.c.recordRead(upTo, 1, nil, h.now)
-	if h.c.fenced {
+	if h.c.ledger.fenced {
 		t.Fatal("fenced by a claim the record refutes")
 	}
 	evs := h.c.takeEvents()
@@ -98,7 +98,7 @@ func TestEpochRecordReadErrorDecidesNothing(t *testing.T) {
 		t.Fatal("no claim pending")
 	}
 	h.c.recordRead(upTo, 0, errors.New("the server is currently unable to handle the request"), h.now)
-	if h.c.fenced {
+	if h.c.ledger.fenced {
 		t.Fatal("fenced on a read error")
 	}
 	if _, ok := h.c.pendingClaim(); !ok {
@@ -131,8 +131,8 @@ func TestNewerRecordFences(t *testing.T) {
 		t.Fatal("no claim pending")
 	}
 	h.c.recordRead(upTo, 2, nil, h.now)
-	if !h.c.fenced || h.c.fencedBy != 2 {
-		t.Fatalf("fenced %v by %d, want by the record's 2", h.c.fenced, h.c.fencedBy)
+	if !h.c.ledger.fenced || h.c.fencedBy != 2 {
+		t.Fatalf("fenced %v by %d, want by the record's 2", h.c.ledger.fenced, h.c.fencedBy)
 	}
 }
 

@@ -23,11 +23,11 @@ type core struct {
 	log     logr.Logger
 	metrics *metrics // nil in pure tests
 
-	epoch     int64
-	started   bool
-	startedAt time.Time
-	fenced    bool
-	fencedBy  int64 // the epoch record that fenced it (claims.go)
+	epoch    int64
+	fencedBy int64 // the epoch record that fenced it (claims.go; ledger.fenced says whether)
+
+	// ledger is what every pod may be using and the grants that keep Σ ≤ limit (ledger.go).
+	ledger ledger
 
 	// Claims of a newer epoch waiting for the epoch record (claims.go): claimSeq numbers the
 	// claims made, claimants are the pods whose claim waits.
@@ -51,8 +51,6 @@ type core struct {
 	onQuiet func(p *podState, before, after []int32)
 	// onRenewal, when set (tests), sees every renewal started and how long after it was due.
 	onRenewal func(p *podState, late time.Duration)
-	// afterPlan, when set (tests), sees every plan: its input and the grants it decided.
-	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
 }
 
 func newCore(o *Options, m *metrics) *core {
@@ -60,6 +58,7 @@ func newCore(o *Options, m *metrics) *core {
 		opts:    o,
 		log:     o.Logger,
 		metrics: m,
+		ledger:  ledger{opts: o},
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
 		ready:   newReadyQueue(newFlowCaps(o.Workers)),
@@ -70,7 +69,8 @@ func newCore(o *Options, m *metrics) *core {
 // begin fixes the epoch and starts recovery: every pod is probed before it is pushed to, and
 // no quota raises anyone above what it is counted at until recoverUntil.
 func (c *core) begin(epoch int64, now time.Time) {
-	c.epoch, c.started, c.startedAt = epoch, true, now
+	c.epoch = epoch
+	c.ledger.begin(now)
 	keys := slices.SortedFunc(maps.Keys(c.quotas), func(a, b types.NamespacedName) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
@@ -93,16 +93,6 @@ func (c *core) podList() []*podState {
 		return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name), cmp.Compare(a.uid, b.uid))
 	})
 	return ps
-}
-
-// recoverUntil is when a quota's recovery window ends: a lease the previous manager started
-// just before this one started has lapsed and its calls have ended.
-func (c *core) recoverUntil(q *quotaState) time.Time {
-	return c.foreignLeaseEnd().Add(q.maxRequestTimeout)
-}
-
-func (c *core) recovering(q *quotaState, now time.Time) bool {
-	return !c.started || now.Before(c.recoverUntil(q))
 }
 
 // markQuota makes a quota replan at the next flush.

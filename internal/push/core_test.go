@@ -329,7 +329,7 @@ func TestRecoveryLearnsHoldingsAndForbidsRaises(t *testing.T) {
 	if a := h.agent("http://p0"); a.epoch != 5 {
 		t.Fatalf("p0 still on epoch %d", a.epoch)
 	}
-	h.runFor(h.c.recoverUntil(h.c.quotas[qKey]).Sub(h.now) - time.Millisecond)
+	h.runFor(h.c.ledger.recoverUntil(h.c.quotas[qKey]).Sub(h.now) - time.Millisecond)
 	if g := grants(h.report("ns", "q")); g["p0"] != 5 || g["p1"] != 0 {
 		t.Fatalf("raised before the recovery window ended: %v", g)
 	}
@@ -362,7 +362,7 @@ func TestFirstContactWithAYoungProcessCarriesItsPredecessor(t *testing.T) {
 			h.policy["http://p0"] = dropped // unreachable from the start
 			h.set(quota(24, 3, 8, 2))
 			h.begin(1)
-			h.runFor(h.c.recoverUntil(h.c.quotas[qKey]).Sub(h.now) + time.Second)
+			h.runFor(h.c.ledger.recoverUntil(h.c.quotas[qKey]).Sub(h.now) + time.Second)
 			r := h.report("ns", "q")
 			if g := grants(r); g["p1"] != 8 || g["p2"] != 8 || h.holding(r, "p0").Counted != 2 {
 				t.Fatalf("before p0 answers: %+v", r.Holdings)
@@ -418,16 +418,16 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h.begin(3)
 	h.settle()
 	upTo, ok := h.c.pendingClaim()
-	if !ok || h.c.fenced {
-		t.Fatalf("claim pending %v, fenced %v", ok, h.c.fenced)
+	if !ok || h.c.ledger.fenced {
+		t.Fatalf("claim pending %v, fenced %v", ok, h.c.ledger.fenced)
 	}
 	h.runFor(time.Second)
 	if n := len(h.requestsTo("http://p0")); n != 1 {
 		t.Fatalf("%d requests to the claiming pod before the record was read, want the one probe", n)
 	}
 	h.c.recordRead(upTo, 9, nil, h.now)
-	if !h.c.fenced || h.c.fencedBy != 9 {
-		t.Fatalf("not fenced: %v %d", h.c.fenced, h.c.fencedBy)
+	if !h.c.ledger.fenced || h.c.fencedBy != 9 {
+		t.Fatalf("not fenced: %v %d", h.c.ledger.fenced, h.c.fencedBy)
 	}
 	h.sent = nil
 	h.runFor(time.Minute)
@@ -584,7 +584,7 @@ func TestDeleteAndRecreateQuotaNeverFences(t *testing.T) {
 				}
 				h.set(d)
 				h.runFor(2 * time.Second)
-				if h.c.fenced {
+				if h.c.ledger.fenced {
 					t.Fatalf("fenced by a re-created quota")
 				}
 				r := h.report("ns", "q")
@@ -629,7 +629,7 @@ func TestRecreatedQuotaCountsCallsOfTheDeletedOne(t *testing.T) {
 	}
 	delete(p0.inflight, "q")
 	h.runFor(time.Second)
-	if r := h.report("ns", "q"); !r.Converged || h.c.fenced || grants(r)["p2"] != 6 {
+	if r := h.report("ns", "q"); !r.Converged || h.c.ledger.fenced || grants(r)["p2"] != 6 {
 		t.Fatalf("not converged once the calls ended: %+v", r)
 	}
 }
@@ -650,7 +650,7 @@ func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
 	}
 	h.set(quota(12, 2, 6, 3))
 	h.settle()
-	if h.c.fenced {
+	if h.c.ledger.fenced {
 		t.Fatalf("fenced by an agent of the same epoch")
 	}
 	if a.gen <= 7 || a.epoch != 3 {

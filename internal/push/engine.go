@@ -250,7 +250,7 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
-	if e.core.fenced {
+	if e.core.ledger.fenced {
 		e.fenceOnce.Do(func() { close(e.fencedCh) })
 	}
 }

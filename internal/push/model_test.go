@@ -328,7 +328,7 @@ func (h *harness) checkLedger() {
 	for key, q := range h.c.quotas {
 		var sum int64
 		for _, e := range q.entries {
-			hd, _, _, _ := h.c.held(e, h.now)
+			hd, _, _, _ := h.c.ledger.held(e, h.now)
 			sum += int64(max(hd, e.grant))
 		}
 		if sum > int64(q.desired.Limit) {

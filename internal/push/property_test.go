@@ -208,7 +208,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			fail("a grant raised the ledger to %d > limit %d", sum, lim)
 		}
 	}
-	h.c.afterPlan = planHook
+	h.c.ledger.afterPlan = planHook
 	quietHook := func(p *podState, before, after []int32) {
 		stats.quiet++
 		if !slices.Equal(before, after) {
@@ -217,7 +217,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	}
 	h.c.onQuiet = quietHook
 	h.check = func() {
-		if h.c.started {
+		if h.c.ledger.started {
 			if tracing {
 				r := h.c.report(qKey, h.now)
 				if r.Ledger != prevLedger {
@@ -441,7 +441,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				}
 			}
 			inflight = keep
-			if h.c.started {
+			if h.c.ledger.started {
 				h.c.advance(h.now)
 			}
 			h.check()
@@ -576,7 +576,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			}
 			inflight = nil
 			h.c = newCore(&h.o, nil)
-			h.c.afterPlan = planHook
+			h.c.ledger.afterPlan = planHook
 			h.c.onQuiet = quietHook
 			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
 			epoch += int64(1 + rng.IntN(3))
@@ -619,7 +619,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			tick(time.Duration(5+rng.IntN(40)) * time.Second)
 		}
 		h.check()
-		if h.c.fenced {
+		if h.c.ledger.fenced {
 			fail("fenced: epochs only grow")
 		}
 	}

@@ -20,11 +20,11 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 	if q == nil {
 		return r
 	}
-	r.Recovering = c.recovering(q, now)
-	r.Converged = c.started && !c.fenced
+	r.Recovering = c.ledger.recovering(q, now)
+	r.Converged = c.ledger.started && !c.ledger.fenced
 	for _, e := range q.entryList() {
-		counted := c.counted(e, now)
-		if !c.started {
+		counted := c.ledger.counted(e, now)
+		if !c.ledger.started {
 			counted = 0
 		}
 		r.Ledger += counted
@@ -34,7 +34,7 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 			InFlight: e.inflight, Synced: s, Gone: !e.present,
 			Waiting: e.waiting, RefusedNoPermit: e.refused, Lanes: e.lanes,
 		})
-		if c.unreachable(e.pod) {
+		if c.ledger.unreachable(e.pod) {
 			r.Unreachable = append(r.Unreachable, e.pod.name)
 		}
 		if e.pod.misbehaving {
@@ -72,7 +72,7 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		if synced(e) {
 			flags |= 1
 		}
-		if c.unreachable(e.pod) {
+		if c.ledger.unreachable(e.pod) {
 			flags |= 2
 			unreachable++
 		}
@@ -87,7 +87,7 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		mix(flags)
 	}
 	var flags uint64
-	if c.recovering(q, now) {
+	if c.ledger.recovering(q, now) {
 		flags |= 1
 	}
 	if q.rebalancing {

@@ -168,7 +168,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	if w.version != nil {
 		w.version.sendEnd = time.Time{}
 	}
-	if p.removed || c.fenced {
+	if p.removed || c.ledger.fenced {
 		return
 	}
 	var stale *assignment.StaleError
@@ -213,12 +213,12 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		}
 		c.log.V(lvl).Info("agent request failed", "pod", p.namespace+"/"+p.name, "endpoint", w.to.URL,
 			"request", w.kind.String(), "failures", p.failures, "error", err.Error())
-		if len(p.entries) == 0 && c.unreachable(p) {
+		if len(p.entries) == 0 && c.ledger.unreachable(p) {
 			c.removePod(p)
 			return
 		}
 	}
-	if c.fenced {
+	if c.ledger.fenced {
 		return
 	}
 	for _, e := range p.entries {
@@ -290,7 +290,7 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 	p := w.pod
 	var before []int32
 	if c.onQuiet != nil {
-		before = c.quietCounts(p, now)
+		before = c.ledger.quietCounts(p, now)
 	}
 	w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
 	p.renewAt = c.nextRenewal(w.sentAt)
@@ -304,22 +304,22 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 		c.metrics.quietRenewals.Inc()
 	}
 	if c.onQuiet != nil {
-		c.onQuiet(p, before, c.quietCounts(p, now))
+		c.onQuiet(p, before, c.ledger.quietCounts(p, now))
 	}
 	c.schedule(p, now)
 }
 
 // quietCounts is, for tests of quiet renewals, what each of the pod's entries is counted at and
 // would be granted by a plan of its quota now, in the order of the pod's entry list.
-func (c *core) quietCounts(p *podState, now time.Time) []int32 {
+func (l *ledger) quietCounts(p *podState, now time.Time) []int32 {
 	var out []int32
 	for _, e := range p.entryList() {
 		entries := e.quota.entryList()
-		pe := c.planInput(entries, now)
-		grants := plan(e.quota.desired.Limit, c.recovering(e.quota, now), pe)
+		pe := l.planInput(entries, now)
+		grants := plan(e.quota.desired.Limit, l.recovering(e.quota, now), pe)
 		for i, x := range entries {
 			if x == e {
-				out = append(out, c.counted(e, now), grants[i])
+				out = append(out, l.counted(e, now), grants[i])
 			}
 		}
 	}

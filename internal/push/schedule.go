@@ -28,7 +28,7 @@ func (c *core) pushWanted(p *podState) bool {
 			continue
 		}
 		live = true
-		if c.target(e) > 0 && e.grant == 0 {
+		if c.ledger.target(e) > 0 && e.grant == 0 {
 			return false
 		}
 	}
@@ -46,7 +46,7 @@ func draining(p *podState) bool {
 
 // due is the pod's next request and when it is due; kindNone when there is nothing to do.
 func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
-	if p.removed || p.busy != nil || !c.started || c.fenced || p.endpoint == "" {
+	if p.removed || p.busy != nil || !c.ledger.started || c.ledger.fenced || p.endpoint == "" {
 		return time.Time{}, kindNone
 	}
 	if p.claimSeq != 0 {
@@ -78,9 +78,9 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 			at, kind = pt, kindPoll
 		}
 	}
-	if kind == kindNone && c.mayHoldLateForeign(p) {
+	if kind == kindNone && c.ledger.mayHoldLateForeign(p) {
 		// Ask again once no push of the previous manager can land any more.
-		at, kind = maxTime(c.foreignLandEnd(), p.retryAt), kindProbe
+		at, kind = maxTime(c.ledger.foreignLandEnd(), p.retryAt), kindProbe
 	}
 	return maxTime(at, now), kind
 }
