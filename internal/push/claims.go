@@ -28,7 +28,7 @@ func (c *core) claim(w *work, epoch int64, now time.Time) {
 		w.version.failEnd = maxTime(w.version.failEnd, w.sentAt.Add(c.opts.leaseWindow()))
 	}
 	p.failures = max(p.failures+1, c.opts.UnreachableAfter)
-	p.retryAt = now.Add(c.backoff(p.failures))
+	p.retryAt = now.Add(c.sched.backoff(p.failures))
 	p.claimedEpoch = epoch
 	if p.claimSeq == 0 {
 		c.claimants = append(c.claimants, p)

@@ -37,8 +37,9 @@ type core struct {
 	quotas map[types.NamespacedName]*quotaState
 	pods   map[types.UID]*podState
 
-	timers timerHeap
-	ready  *readyQueue   // pods whose request is due, by namespace and band (fairqueue.go)
+	// sched decides which request goes next and when (schedule.go, fairqueue.go).
+	sched scheduler
+
 	dirty  []*podState   // pods whose content must be rebuilt
 	dirtyQ []*quotaState // quotas that must be replanned
 	// changed collects quotas whose Report changed, for OnChange.
@@ -54,16 +55,17 @@ type core struct {
 }
 
 func newCore(o *Options, m *metrics) *core {
-	return &core{
+	c := &core{
 		opts:    o,
 		log:     o.Logger,
 		metrics: m,
 		ledger:  ledger{opts: o},
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
-		ready:   newReadyQueue(newFlowCaps(o.Workers)),
 		changed: map[types.NamespacedName]struct{}{},
 	}
+	c.sched = scheduler{opts: o, ledger: &c.ledger, ready: newReadyQueue(newFlowCaps(o.Workers))}
+	return c
 }
 
 // begin fixes the epoch and starts recovery: every pod is probed before it is pushed to, and
@@ -132,7 +134,7 @@ func (c *core) flush(now time.Time) {
 		c.dirty = c.dirty[1:]
 		p.dirty = false
 		c.rebuild(p)
-		c.schedule(p, now)
+		c.sched.schedule(p, now)
 	}
 	c.dirty = c.dirty[:0]
 }

@@ -678,9 +678,9 @@ func TestNextRenewalOnTheGrid(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			o.jitter = func(d time.Duration) time.Duration { return d }
 		}
-		c := &core{opts: &o}
+		s := &scheduler{opts: &o}
 		sent := time.Unix(0, rng.Int64N(1<<62))
-		at := c.nextRenewal(sent)
+		at := s.nextRenewal(sent)
 		step := renewGrid(every)
 		if step <= 0 || step > 100*time.Millisecond || (every >= 16 && step > every/16) {
 			t.Fatalf("every %s: step %s", every, step)
@@ -692,7 +692,7 @@ func TestNextRenewalOnTheGrid(t *testing.T) {
 			t.Fatalf("every %s: due at %s, off the %s grid", every, at, step)
 		}
 		if later := sent.Add(time.Duration(rng.Int64N(int64(step)))); o.jitter != nil &&
-			sent.Add(every).Truncate(step).Equal(later.Add(every).Truncate(step)) && !c.nextRenewal(later).Equal(at) {
+			sent.Add(every).Truncate(step).Equal(later.Add(every).Truncate(step)) && !s.nextRenewal(later).Equal(at) {
 			t.Fatalf("every %s: pushes sent at %s and %s renew at different instants in one step", every, sent, later)
 		}
 	}

@@ -209,7 +209,7 @@ func (e *Engine) Epoch() int64 {
 // afterLocked wakes workers for ready work, the scheduler for an earlier deadline, the
 // notifier for changed reports, and Start when fenced. e.mu is held.
 func (e *Engine) afterLocked() {
-	if e.core.hasReady() {
+	if e.core.sched.hasReady() {
 		e.cond.Broadcast()
 	}
 	if e.core.needsFlush() {
@@ -218,7 +218,7 @@ func (e *Engine) afterLocked() {
 		case e.kick <- struct{}{}:
 		default:
 		}
-	} else if next := e.core.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
+	} else if next := e.core.sched.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
 		e.waitingFor = next
 		select {
 		case e.kick <- struct{}{}:
@@ -319,7 +319,7 @@ func (e *Engine) scheduler(ctx context.Context) {
 		e.mu.Lock()
 		now := e.clock.Now()
 		e.core.advance(now)
-		next := e.core.nextWake()
+		next := e.core.sched.nextWake()
 		e.waitingFor = next
 		e.afterLocked()
 		e.mu.Unlock()
@@ -349,7 +349,7 @@ func (e *Engine) worker(ctx context.Context) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		for !e.stopping && len(e.signed) == 0 && !e.core.hasReady() {
+		for !e.stopping && len(e.signed) == 0 && !e.core.sched.hasReady() {
 			e.cond.Wait()
 		}
 		if e.stopping {
@@ -360,7 +360,7 @@ func (e *Engine) worker(ctx context.Context) {
 			w = e.signed[0]
 			e.signed[0] = nil
 			e.signed = e.signed[1:]
-		} else if w = e.core.startWork(e.core.popReady(), e.clock.Now()); w == nil {
+		} else if w = e.core.startWork(e.core.sched.popReady(), e.clock.Now()); w == nil {
 			continue
 		} else if bs, ok := e.opts.Client.(BatchSigner); ok && batchable(w) {
 			if !e.signTogether(bs, w) {
@@ -389,7 +389,7 @@ func (e *Engine) takeSigned() bool {
 	if len(e.signed) == 0 {
 		return false
 	}
-	return !e.core.hasUrgent() || time.Until(e.signed[0].deadline) <= e.opts.PushTimeout/2
+	return !e.core.sched.hasUrgent() || time.Until(e.signed[0].deadline) <= e.opts.PushTimeout/2
 }
 
 // maxSignBatch bounds the renewals one worker starts and signs together.

@@ -215,8 +215,8 @@ func (h *harness) advance(d time.Duration) {
 // start pops every ready pod and starts its request.
 func (h *harness) start() []*work {
 	var ws []*work
-	for h.c.hasReady() {
-		if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+	for h.c.sched.hasReady() {
+		if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 			ws = append(ws, w)
 			h.sent = append(h.sent, w)
 		}

@@ -587,8 +587,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			readRecord()
 		case r < 55:
 			lastMsg = "start requests"
-			for h.c.hasReady() {
-				if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+			for h.c.sched.hasReady() {
+				if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 					// As the engine does (Engine.signTogether): a batchable renewal starts the
 					// other renewals ready with it, to be signed together.
@@ -636,8 +636,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		for range 4 { // decides every claim (a read may fail)
 			readRecord()
 		}
-		for h.c.hasReady() {
-			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+		for h.c.sched.hasReady() {
+			if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 			}
 		}
@@ -657,8 +657,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		for range 4 {
 			readRecord()
 		}
-		for h.c.hasReady() {
-			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+		for h.c.sched.hasReady() {
+			if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 				complete(pending{w: w, c: h.c, proc: agents[w.to.URL].proc}, ok)
 			}
 		}

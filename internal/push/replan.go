@@ -1,7 +1,6 @@
 package push
 
 import (
-	"container/heap"
 	"slices"
 	"time"
 
@@ -48,10 +47,7 @@ func (c *core) replan(q *quotaState, now time.Time) {
 			return
 		}
 	}
-	if !next.IsZero() && !next.Equal(q.wakeAt) {
-		heap.Push(&c.timers, timerItem{at: next, quota: q})
-	}
-	q.wakeAt = next
+	c.sched.wakeQuota(q, next)
 	if q.rebalancing && c.ledger.started && c.ledger.rebalanceDone(q) {
 		q.rebalancing = false
 		q.lastRebalance = now.Sub(q.changeAt)

@@ -62,9 +62,9 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		return nil
 	}
 	p.queued = false
-	at, kind := c.due(p, now)
+	at, kind := c.sched.due(p, now)
 	if kind == kindNone || at.After(now) {
-		c.schedule(p, now)
+		c.sched.schedule(p, now)
 		return nil
 	}
 	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch, unproven: p.band == bandUnproven,
@@ -89,7 +89,7 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		}
 	}
 	p.busy = w
-	c.ready.acquire(p.namespace, w.unproven)
+	c.sched.ready.acquire(p.namespace, w.unproven)
 	return w
 }
 
@@ -124,9 +124,9 @@ func renewing(p *podState) bool {
 // leaves the other ready requests queued in theirs.
 func (c *core) startRenewals(limit int, now time.Time) []*work {
 	var out []*work
-	ok := func(p *podState) bool { return c.renewalReady(p, now) }
+	ok := func(p *podState) bool { return c.sched.renewalReady(p, now) }
 	for len(out) < limit {
-		p := c.ready.popRenewal(ok)
+		p := c.sched.ready.popRenewal(ok)
 		if p == nil {
 			break
 		}
@@ -138,14 +138,14 @@ func (c *core) startRenewals(limit int, now time.Time) []*work {
 }
 
 // renewalReady says whether a ready pod's request would be batchable once started.
-func (c *core) renewalReady(p *podState, now time.Time) bool {
+func (s *scheduler) renewalReady(p *podState, now time.Time) bool {
 	if !renewing(p) {
 		return false
 	}
 	if v := p.version(p.content.Generation); v == nil || v.body == nil || v.bodyInstance != p.instance {
 		return false
 	}
-	_, kind := c.due(p, now)
+	_, kind := s.due(p, now)
 	return kind == kindPush
 }
 
@@ -164,7 +164,7 @@ func landed(err error) bool {
 func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Time) {
 	p := w.pod
 	p.busy = nil
-	c.ready.release(p.namespace, w.unproven)
+	c.sched.ready.release(p.namespace, w.unproven)
 	if w.version != nil {
 		w.version.sendEnd = time.Time{}
 	}
@@ -187,7 +187,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	case err == nil && st != nil:
 		if w.kind == kindPush {
 			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-			p.renewAt = c.nextRenewal(w.sentAt)
+			p.renewAt = c.sched.nextRenewal(w.sentAt)
 			if st.Epoch == c.epoch && st.Generation == w.version.gen {
 				p.okGen = w.version.gen
 			}
@@ -206,7 +206,7 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 			w.version.failEnd = maxTime(w.version.failEnd, w.sentAt.Add(c.opts.leaseWindow()))
 		}
 		p.failures++
-		p.retryAt = now.Add(c.backoff(p.failures))
+		p.retryAt = now.Add(c.sched.backoff(p.failures))
 		lvl := 1
 		if p.failures == c.opts.UnreachableAfter {
 			lvl = 0
@@ -293,7 +293,7 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 		before = c.ledger.quietCounts(p, now)
 	}
 	w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-	p.renewAt = c.nextRenewal(w.sentAt)
+	p.renewAt = c.sched.nextRenewal(w.sentAt)
 	p.retryAt = time.Time{}
 	p.reportAt = now
 	p.pollAt = now.Add(c.opts.DrainPoll)
@@ -306,7 +306,7 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 	if c.onQuiet != nil {
 		c.onQuiet(p, before, c.ledger.quietCounts(p, now))
 	}
-	c.schedule(p, now)
+	c.sched.schedule(p, now)
 }
 
 // quietCounts is, for tests of quiet renewals, what each of the pod's entries is counted at and
