@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -25,7 +26,7 @@ type keyKeeper struct {
 	overlap  time.Duration
 	rotation time.Duration // 0: never rotate
 	tick     time.Duration
-	now      func() time.Time
+	clock    clock.PassiveClock
 	log      logr.Logger
 	changes  chan<- event.GenericEvent
 
@@ -67,7 +68,7 @@ func (k *keyKeeper) Start(ctx context.Context) error {
 }
 
 func (k *keyKeeper) sync(ctx context.Context) error {
-	now := k.now()
+	now := k.clock.Now()
 	ring, err := k.keys.Ensure(ctx)
 	if err != nil {
 		return err

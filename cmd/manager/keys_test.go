@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
@@ -22,17 +23,16 @@ import (
 func TestKeyKeeperRotation(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	now := t0
-	clk := func() time.Time { return now }
+	clk := testingclock.NewFakePassiveClock(t0)
 	c := fake.NewClientBuilder().Build()
-	signingKeys := &keys.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: clk}
+	signingKeys := &keys.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Clock: clk}
 	changes := make(chan event.GenericEvent, 1)
 	k := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
-		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard(), changes: changes}
+		rotation: time.Hour, tick: time.Minute, clock: clk, log: logr.Discard(), changes: changes}
 
 	step := func(at time.Duration, wantSigning int, wantTrust []int, wantSecret []int) {
 		t.Helper()
-		now = t0.Add(at)
+		clk.SetTime(t0.Add(at))
 		if err := k.sync(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestKeyKeeperRotation(t *testing.T) {
 	}
 	// A new leader (a new keeper, same Secret) continues the same schedule.
 	k2 := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
-		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard()}
+		rotation: time.Hour, tick: time.Minute, clock: clk, log: logr.Discard()}
 	k = k2
 	step(time.Hour+30*time.Minute, 1, []int{1}, []int{1})
 	step(2*time.Hour, 1, []int{1, 2}, []int{1, 2})

@@ -232,7 +232,7 @@ func run(args []string) error {
 	signer := keys.NewSigningClient(h1.HTTPClient{C: agentHTTP}, sched)
 	trustChanges := make(chan event.GenericEvent, 1)
 	keeper := &keyKeeper{keys: signingKeys, signer: signer, overlap: o.keyOverlap, rotation: o.keyRotation,
-		tick: min(o.keyOverlap/4, time.Minute), now: time.Now, log: ctrl.Log.WithName("keys"), changes: trustChanges}
+		tick: min(o.keyOverlap/4, time.Minute), clock: clock.RealClock{}, log: ctrl.Log.WithName("keys"), changes: trustChanges}
 	if err := mgr.Add(keeper); err != nil {
 		return err
 	}

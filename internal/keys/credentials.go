@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apportion/apportion/internal/assignment"
@@ -125,9 +126,10 @@ type SigningKeys struct {
 	Writer client.Writer
 	// Namespace is the manager's namespace; Name defaults to DefaultSigningKeySecret.
 	Namespace, Name string
-	// Now names and dates new keys; nil means time.Now. Rand makes keys; nil means crypto/rand.
-	Now  func() time.Time
-	Rand io.Reader
+	// Clock names and dates new keys; nil means the real clock. Rand makes keys; nil means
+	// crypto/rand.
+	Clock clock.PassiveClock
+	Rand  io.Reader
 }
 
 func (k *SigningKeys) key() types.NamespacedName {
@@ -139,8 +141,8 @@ func (k *SigningKeys) key() types.NamespacedName {
 }
 
 func (k *SigningKeys) now() time.Time {
-	if k.Now != nil {
-		return k.Now()
+	if k.Clock != nil {
+		return k.Clock.Now()
 	}
 	return time.Now()
 }

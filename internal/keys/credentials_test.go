@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/apportion/apportion/internal/agent/control"
@@ -73,7 +74,7 @@ func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientBuilder().Build()
 	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	k := &SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: func() time.Time { return now }}
+	k := &SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Clock: testingclock.NewFakePassiveClock(now)}
 
 	ring, err := k.Ensure(ctx)
 	if err != nil {

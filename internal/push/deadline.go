@@ -32,6 +32,15 @@ func (c *deadlineOnly) Deadline() (time.Time, bool) {
 	return c.deadline, true
 }
 
+// socketDeadline is when a request to an agent started now must end: timeout later on the real
+// clock. It is the one place the engine reads real time for a decision's sake, and the only one
+// that should: the deadline is enforced by the network stack and the runtime's timers (a
+// connection's SetDeadline, context.WithDeadline), which run on real time whatever clock drives
+// the engine. A deadline taken from a fake clock would end a request at once or never. What the
+// engine decides — leases, renewals, retries, which request goes next — reads Options.Clock
+// (the work's sentAt), never this deadline.
+func socketDeadline(timeout time.Duration) time.Time { return time.Now().Add(timeout) }
+
 // requestContext returns the context that ends one request to c at deadline: a deadlineOnly
 // for a DeadlineBounded client that says it bounds by deadline, context.WithDeadline's otherwise.
 func requestContext(ctx context.Context, c AgentClient, deadline time.Time) (context.Context, context.CancelFunc) {

@@ -385,11 +385,14 @@ func (e *Engine) worker(ctx context.Context) {
 // wait, with more than half its PushTimeout left. (A signed renewal was counted against its
 // namespace's bound when it was started, so sending it takes nothing more from the queue.) A change then does not queue behind a batch of renewals, and no
 // renewal waits so long that its own deadline ends it. e.mu is held.
+//
+// The decision reads the engine's clock: the signed renewal was started (sentAt) PushTimeout
+// before its socket deadline, so "half its PushTimeout left" is "half of it passed since sentAt".
 func (e *Engine) takeSigned() bool {
 	if len(e.signed) == 0 {
 		return false
 	}
-	return !e.core.sched.hasUrgent() || time.Until(e.signed[0].deadline) <= e.opts.PushTimeout/2
+	return !e.core.sched.hasUrgent() || e.clock.Since(e.signed[0].sentAt) >= e.opts.PushTimeout/2
 }
 
 // maxSignBatch bounds the renewals one worker starts and signs together.
@@ -409,7 +412,7 @@ func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
 	// Every request of the batch ends PushTimeout after it was started, not after a worker
 	// takes it up: a push can land only within the land window of its start (sentAt), which
 	// the ledger relies on (docs/protocol.md §4).
-	deadline := time.Now().Add(e.opts.PushTimeout)
+	deadline := socketDeadline(e.opts.PushTimeout)
 	for _, b := range batch {
 		b.deadline = deadline
 	}
@@ -438,11 +441,11 @@ func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
 func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, []byte, error) {
 	deadline := w.deadline
 	if deadline.IsZero() {
-		deadline = time.Now().Add(e.opts.PushTimeout)
+		deadline = socketDeadline(e.opts.PushTimeout)
 	}
 	rctx, cancel := requestContext(ctx, e.opts.Client, deadline)
 	defer cancel()
-	start := time.Now()
+	start := time.Now() // the request's latency, for its metric: measured on the wire's clock, as its deadline
 	var st *assignment.State
 	var err error
 	body, to := w.body, w.to

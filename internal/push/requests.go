@@ -44,7 +44,8 @@ type work struct {
 	sentAt time.Time
 	// to (the pod's endpoint then) and epoch are what the request is addressed to and signed
 	// for (read under the engine's lock); out is the push when it was signed in a batch before
-	// it was sent, and deadline (real time) when it ends: PushTimeout after it was started.
+	// it was sent, and deadline (real time, socketDeadline) when it ends: PushTimeout after it
+	// was started.
 	to       assignment.Endpoint
 	epoch    int64
 	out      *assignment.Outgoing

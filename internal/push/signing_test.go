@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/apportion/apportion/internal/agent/control"
@@ -17,13 +18,14 @@ import (
 // An agent that has not picked up the signing key yet answers 403 unknown-key; the SigningClient
 // then tries the other published keys.
 func TestSigningClientFallsBackOnUnknownKey(t *testing.T) {
-	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+	clk := testingclock.NewFakePassiveClock(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
 	fc := fake.NewClientBuilder().Build()
-	k := &keys.SigningKeys{Reader: fc, Writer: fc, Now: func() time.Time { return now }}
+	k := &keys.SigningKeys{Reader: fc, Writer: fc, Clock: clk}
 	if _, err := k.Ensure(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	now = now.Add(time.Hour)
+	clk.SetTime(clk.Now().Add(time.Hour))
+	now := clk.Now()
 	ring, err := k.Rotate(context.Background())
 	if err != nil {
 		t.Fatal(err)
