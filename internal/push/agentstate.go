@@ -100,7 +100,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("an agent holds a generation of this epoch the engine forgot; re-learning what it holds",
 		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.epoch)
 	for _, e := range p.entryList() {
-		c.events = append(c.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
+		c.reports.events = append(c.reports.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
 			Message: fmt.Sprintf("the agent of pod %s held generation %d of this manager's epoch, which the manager had forgotten "+
 				"(the pod left every quota, e.g. the quota was deleted, and came back); counted at what it holds and pushed again",
 				p.name, st.Generation)})

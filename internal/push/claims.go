@@ -109,7 +109,7 @@ func (c *core) refute(p *podState, record int64, now time.Time) {
 		c.log.Info("an agent claimed an epoch no manager holds; treating its pod as unreachable", "pod", p.namespace+"/"+p.name,
 			"claimedEpoch", p.claimedEpoch, "record", record, "epoch", c.epoch)
 		for _, e := range p.entryList() {
-			c.events = append(c.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentClaimsNewerEpoch,
+			c.reports.events = append(c.reports.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentClaimsNewerEpoch,
 				Message: fmt.Sprintf("the agent of pod %s answered with epoch %d, but no manager holds an epoch above %d (the manager's epoch record); "+
 					"its answers are not believed: it is treated as unreachable, counted at what it may hold from this manager's pushes, and asked again later",
 					p.name, p.claimedEpoch, record)})

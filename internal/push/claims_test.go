@@ -48,7 +48,7 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 	if h.c.ledger.fenced {
 		t.Fatal("fenced by a claim the record refutes")
 	}
-	evs := h.c.takeEvents()
+	evs := h.c.reports.takeEvents()
 	if len(evs) != 1 || evs[0].Reason != ReasonAgentClaimsNewerEpoch || !evs[0].Warning || evs[0].Quota != qKey {
 		t.Fatalf("events %+v, want one AgentClaimsNewerEpoch", evs)
 	}
@@ -74,7 +74,7 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 		t.Fatal("the second claim is not pending")
 	}
 	h.c.recordRead(upTo, 1, nil, h.now)
-	if evs := h.c.takeEvents(); len(evs) != 0 {
+	if evs := h.c.reports.takeEvents(); len(evs) != 0 {
 		t.Fatalf("a second Event within %s: %+v", claimEventEvery, evs)
 	}
 	// It tells the truth again: an ordinary pod.

@@ -42,10 +42,8 @@ type core struct {
 
 	dirty  []*podState   // pods whose content must be rebuilt
 	dirtyQ []*quotaState // quotas that must be replanned
-	// changed collects quotas whose Report changed, for OnChange.
-	changed map[types.NamespacedName]struct{}
-	// events collects Events for OnEvent, in order.
-	events []Event
+	// reports is what the controllers read: Reports, changes for OnChange, Events (report.go).
+	reports reports
 
 	// onQuiet, when set (tests), sees every quiet renewal (requests.go): for each of the pod's
 	// entries what it was counted at and would have been granted just before, and just after.
@@ -62,8 +60,8 @@ func newCore(o *Options, m *metrics) *core {
 		ledger:  ledger{opts: o},
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
-		changed: map[types.NamespacedName]struct{}{},
 	}
+	c.reports = reports{ledger: &c.ledger, metrics: m, quotas: c.quotas, pods: c.pods, changed: map[types.NamespacedName]struct{}{}}
 	c.sched = scheduler{opts: o, ledger: &c.ledger, ready: newReadyQueue(newFlowCaps(o.Workers))}
 	return c
 }

@@ -501,7 +501,7 @@ func TestSwitchApplied(t *testing.T) {
 		Action: assignment.Fallback{Action: assignment.ActionReject}}
 	d.Switches = []TargetedSwitch{{Target: "web", Switch: sw}}
 	h := converged(t, d, nil)
-	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 2 || n != 2 {
 		t.Fatalf("applied %d/%d, want 2/2", a, n)
 	}
 	if h.agent("http://api0").a.Switches != nil {
@@ -510,17 +510,17 @@ func TestSwitchApplied(t *testing.T) {
 	d.Switches[0].Switch.Percent = 50
 	d.Switches[0].Switch.KeyHeader = "X-User"
 	h.set(d)
-	if a, n := h.c.switchApplied("ns/r1"); a != 0 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 0 || n != 2 {
 		t.Fatalf("applied %d/%d after a change, want 0/2", a, n)
 	}
 	h.settle()
-	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 2 || n != 2 {
 		t.Fatalf("applied %d/%d, want 2/2", a, n)
 	}
 	d.Switches = nil
 	h.set(d)
 	h.settle()
-	if a, n := h.c.switchApplied("ns/r1"); a != 0 || n != 0 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 0 || n != 0 {
 		t.Fatalf("applied %d/%d after removal", a, n)
 	}
 }
@@ -656,7 +656,7 @@ func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
 	if a.gen <= 7 || a.epoch != 3 {
 		t.Fatalf("agent holds e%d g%d, want generation above 7", a.epoch, a.gen)
 	}
-	if evs := h.c.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
+	if evs := h.c.reports.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
 		!strings.Contains(evs[0].Message, "pod p0 held generation 7") {
 		t.Fatalf("events %+v, want one AgentRelearned for p0", evs)
 	}

@@ -186,7 +186,7 @@ func (e *Engine) DeleteQuota(key types.NamespacedName) {
 func (e *Engine) Report(key types.NamespacedName) Report {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.report(key, e.clock.Now())
+	return e.core.reports.report(key, e.clock.Now())
 }
 
 // SwitchApplied counts, for the degrade switch named name ("<namespace>/<DegradeRule name>"),
@@ -196,7 +196,7 @@ func (e *Engine) Report(key types.NamespacedName) Report {
 func (e *Engine) SwitchApplied(name string) (applied, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.switchApplied(name)
+	return e.core.reports.switchApplied(name)
 }
 
 // Epoch is the engine's fencing epoch; 0 before Start took one.
@@ -225,7 +225,7 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
-	keys, evs := e.core.takeChanged(), e.core.takeEvents()
+	keys, evs := e.core.reports.takeChanged(), e.core.reports.takeEvents()
 	if e.opts.OnChange == nil {
 		keys = nil
 	}

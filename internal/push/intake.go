@@ -180,7 +180,7 @@ func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
 // forgetQuota drops a deleted quota once its ledger is empty.
 func (c *core) forgetQuota(q *quotaState) {
 	delete(c.quotas, q.key)
-	delete(c.changed, q.key)
+	delete(c.reports.changed, q.key)
 	if c.metrics != nil {
 		c.metrics.forget(q.key)
 	}

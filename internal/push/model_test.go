@@ -315,7 +315,7 @@ func (h *harness) pushesTo(endpoint string) []int32 {
 }
 
 func (h *harness) report(ns, name string) Report {
-	return h.c.report(types.NamespacedName{Namespace: ns, Name: name}, h.now)
+	return h.c.reports.report(types.NamespacedName{Namespace: ns, Name: name}, h.now)
 }
 
 // checkLedger asserts Σ counted ≤ limit for every quota, leaving out what the engine does not
@@ -332,7 +332,7 @@ func (h *harness) checkLedger() {
 			sum += int64(max(hd, e.grant))
 		}
 		if sum > int64(q.desired.Limit) {
-			h.t.Fatalf("%s: ledger %d > limit %d at %s: %+v", key, sum, q.desired.Limit, h.now.Format("15:04:05.000"), h.c.report(key, h.now).Holdings)
+			h.t.Fatalf("%s: ledger %d > limit %d at %s: %+v", key, sum, q.desired.Limit, h.now.Format("15:04:05.000"), h.c.reports.report(key, h.now).Holdings)
 		}
 	}
 }

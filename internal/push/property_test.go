@@ -219,7 +219,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	h.check = func() {
 		if h.c.ledger.started {
 			if tracing {
-				r := h.c.report(qKey, h.now)
+				r := h.c.reports.report(qKey, h.now)
 				if r.Ledger != prevLedger {
 					t.Logf("step %d %s +%s ledger %d -> %d", step, lastMsg, since(), prevLedger, r.Ledger)
 					for _, x := range r.Holdings {
@@ -253,7 +253,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 						ag.cur.epoch, ag.cur.gen, lim, own, other, ag.cur.leaseValid(h.now), ag.cur.acceptedAt.Sub(t0))
 				}
 			}
-			t.Logf("  ledger: %+v", h.c.report(qKey, h.now).Holdings)
+			t.Logf("  ledger: %+v", h.c.reports.report(qKey, h.now).Holdings)
 			fail("pods really hold %d > limit %d", a, limit)
 		}
 	}
@@ -650,7 +650,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	// A grant decided during that quiet spell may meet an agent that restarted unnoticed: its old
 	// process is carried for a request timeout before the new one gets the room. Allow for it.
 	for i := 0; i < int((hRT+10*time.Second)/(100*time.Millisecond)); i++ {
-		if i >= 50 && h.c.report(qKey, h.now).Converged {
+		if i >= 50 && h.c.reports.report(qKey, h.now).Converged {
 			break
 		}
 		tick(100 * time.Millisecond)
@@ -663,7 +663,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			}
 		}
 	}
-	rep := h.c.report(qKey, h.now)
+	rep := h.c.reports.report(qKey, h.now)
 	if !rep.Converged {
 		fail("did not converge once healed: %+v", rep)
 	}

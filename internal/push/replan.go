@@ -52,7 +52,7 @@ func (c *core) replan(q *quotaState, now time.Time) {
 		q.rebalancing = false
 		q.lastRebalance = now.Sub(q.changeAt)
 	}
-	c.noteReport(q, now, entries, counts)
+	c.reports.noteReport(q, now, entries, counts)
 }
 
 // regrant plans q's grants from what its entries (q.entryList()) are counted at now and
