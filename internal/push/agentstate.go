@@ -14,7 +14,7 @@ import (
 // above the engine's (finishWork hands such answers to claim).
 func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.misbehaving, p.claimedEpoch = false, 0
-	if p.known && c.restarted(p, st) {
+	if p.known && restarted(p, st) {
 		c.forgetProcess(p, st, now)
 	} else if !p.known {
 		c.carryPredecessor(p, st, now)
@@ -121,7 +121,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 		}
 		p.foreign = f
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // forgetProcess handles an agent that restarted (st comes from a new process). The old process's
@@ -141,7 +141,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
 	for _, e := range p.entries {
 		c.ledger.carryCounted(e, now, now.Add(e.maxRequestTimeout))
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 		e.grant = 0
 	}
 	keep := p.versions[:0]
@@ -152,7 +152,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	}
 	clear(p.versions[len(keep):])
 	p.versions = keep
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // carryPredecessor handles the first answer of an agent to this engine. When the pod already had
@@ -173,7 +173,7 @@ func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time
 			continue
 		}
 		c.ledger.carryCounted(e, now, until)
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
 }
 
@@ -189,7 +189,7 @@ func (l *ledger) carryCounted(e *entry, now, until time.Time) {
 // (epoch, generation), no longer configured), a request counter, which only grows within a
 // process, dropped, or — the direct signal — the agent's instance id changed. The other signals
 // cover agents that do not report an instance.
-func (c *core) restarted(p *podState, st *assignment.State) bool {
+func restarted(p *podState, st *assignment.State) bool {
 	if p.instance != "" && st.Instance != "" && st.Instance != p.instance {
 		return true // a new process, whatever it accepted since
 	}

@@ -45,9 +45,9 @@ func (c *core) claim(w *work, epoch int64, now time.Time) {
 		return
 	}
 	for _, e := range p.entries {
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // pendingClaim says whether a claim waits for the epoch record, and the number of the last
@@ -116,18 +116,18 @@ func (c *core) refute(p *podState, record int64, now time.Time) {
 		}
 	}
 	for _, e := range p.entries {
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
-// claimed returns the epoch an answer claims above the engine's, 0 if it claims none: a State
-// (200) or the State of a refusal (assignment.StaleError: a 409, a 403 wrong-instance).
-func (c *core) claimed(st *assignment.State, stale *assignment.StaleError) int64 {
+// claimed returns the epoch an answer claims above the engine's (epoch), 0 if it claims none: a
+// State (200) or the State of a refusal (assignment.StaleError: a 409, a 403 wrong-instance).
+func claimed(epoch int64, st *assignment.State, stale *assignment.StaleError) int64 {
 	switch {
-	case st != nil && st.Epoch > c.epoch:
+	case st != nil && st.Epoch > epoch:
 		return st.Epoch
-	case stale != nil && stale.State.Epoch > c.epoch:
+	case stale != nil && stale.State.Epoch > epoch:
 		return stale.State.Epoch
 	}
 	return 0

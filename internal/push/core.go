@@ -40,8 +40,8 @@ type core struct {
 	// sched decides which request goes next and when (schedule.go, fairqueue.go).
 	sched scheduler
 
-	dirty  []*podState   // pods whose content must be rebuilt
-	dirtyQ []*quotaState // quotas that must be replanned
+	// marks is what the next flush must do: quotas to replan, pods to rebuild.
+	marks marks
 	// reports is what the controllers read: Reports, changes for OnChange, Events (report.go).
 	reports reports
 
@@ -75,10 +75,10 @@ func (c *core) begin(epoch int64, now time.Time) {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	for _, k := range keys {
-		c.markQuota(c.quotas[k])
+		c.marks.markQuota(c.quotas[k])
 	}
 	for _, p := range c.podList() {
-		c.markDirty(p)
+		c.marks.markDirty(p)
 	}
 	c.flush(now)
 }
@@ -95,30 +95,39 @@ func (c *core) podList() []*podState {
 	return ps
 }
 
+// marks is the work changes leave for the next flush: the quotas to replan and the pods whose
+// content to rebuild, each once (quotaState.dirty, podState.dirty), in the order marked; a
+// removed pod is never marked. flush replans the quotas (sorted by key) before it rebuilds the
+// pods, as a replan may change grants and so mark more pods.
+type marks struct {
+	dirty  []*podState   // pods whose content must be rebuilt
+	dirtyQ []*quotaState // quotas that must be replanned
+}
+
 // markQuota makes a quota replan at the next flush.
-func (c *core) markQuota(q *quotaState) {
+func (m *marks) markQuota(q *quotaState) {
 	if !q.dirty {
 		q.dirty = true
-		c.dirtyQ = append(c.dirtyQ, q)
+		m.dirtyQ = append(m.dirtyQ, q)
 	}
 }
 
-func (c *core) markDirty(p *podState) {
+func (m *marks) markDirty(p *podState) {
 	if !p.dirty && !p.removed {
 		p.dirty = true
-		c.dirty = append(c.dirty, p)
+		m.dirty = append(m.dirty, p)
 	}
 }
 
 // needsFlush says whether quotas wait to be replanned or pods to be rebuilt.
-func (c *core) needsFlush() bool { return len(c.dirtyQ) > 0 || len(c.dirty) > 0 }
+func (m *marks) needsFlush() bool { return len(m.dirtyQ) > 0 || len(m.dirty) > 0 }
 
 // flush replans every marked quota, then rebuilds the content of every dirty pod and schedules
 // its work.
 func (c *core) flush(now time.Time) {
-	if len(c.dirtyQ) > 0 {
-		qs := c.dirtyQ
-		c.dirtyQ = nil
+	if len(c.marks.dirtyQ) > 0 {
+		qs := c.marks.dirtyQ
+		c.marks.dirtyQ = nil
 		slices.SortFunc(qs, func(a, b *quotaState) int {
 			return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
 		})
@@ -127,12 +136,12 @@ func (c *core) flush(now time.Time) {
 			c.replan(q, now)
 		}
 	}
-	for len(c.dirty) > 0 {
-		p := c.dirty[0]
-		c.dirty = c.dirty[1:]
+	for len(c.marks.dirty) > 0 {
+		p := c.marks.dirty[0]
+		c.marks.dirty = c.marks.dirty[1:]
 		p.dirty = false
 		c.rebuild(p)
 		c.sched.schedule(p, now)
 	}
-	c.dirty = c.dirty[:0]
+	c.marks.dirty = c.marks.dirty[:0]
 }

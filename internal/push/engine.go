@@ -212,7 +212,7 @@ func (e *Engine) afterLocked() {
 	if e.core.sched.hasReady() {
 		e.cond.Broadcast()
 	}
-	if e.core.needsFlush() {
+	if e.core.marks.needsFlush() {
 		// Replans are the scheduler's: answers arriving together are planned once.
 		select {
 		case e.kick <- struct{}{}:
@@ -373,7 +373,7 @@ func (e *Engine) worker(ctx context.Context) {
 		if e.stopping {
 			return
 		}
-		e.core.encoded(w, body)
+		w.encoded(body)
 		e.core.finishWork(w, st, err, e.clock.Now())
 		e.afterLocked()
 	}

@@ -41,7 +41,7 @@ func (c *core) replan(q *quotaState, now time.Time) {
 	var next time.Time
 	counts := make([]int32, len(entries)) // what each entry counts after planning; -1 if released
 	if c.ledger.started {
-		next = c.ledger.regrant(q, entries, counts, now, c.markDirty)
+		next = c.ledger.regrant(q, entries, counts, now, c.marks.markDirty)
 		if q.deleted && len(q.entries) == 0 {
 			c.forgetQuota(q)
 			return

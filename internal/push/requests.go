@@ -176,13 +176,13 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	if !errors.As(err, &stale) {
 		stale = nil
 	}
-	if epoch := c.claimed(st, stale); epoch > 0 && (err == nil || stale != nil) {
+	if epoch := claimed(c.epoch, st, stale); epoch > 0 && (err == nil || stale != nil) {
 		// Not believed until the epoch record says so (claims.go), whatever the answer's shape.
 		c.claim(w, epoch, now)
 		return
 	}
 	switch {
-	case err == nil && st != nil && c.quietRenewal(w, st):
+	case err == nil && st != nil && quietRenewal(c.epoch, w, st):
 		c.renewQuietly(w, st, now)
 		return
 	case err == nil && st != nil:
@@ -223,14 +223,14 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 		return
 	}
 	for _, e := range p.entries {
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // encoded notes the JSON the request sent (encoded outside the lock, by the Engine's worker) so
 // that the version's next send to the same agent process reuses it.
-func (c *core) encoded(w *work, body []byte) {
+func (w *work) encoded(body []byte) {
 	if w.version != nil && body != nil {
 		w.version.body, w.version.bodyInstance = body, w.assignment.Instance
 	}
@@ -246,14 +246,14 @@ func (c *core) encoded(w *work, body []byte) {
 // larger, so it stays what it was; the lease bound of the version only moves later, which can
 // only keep what the ledger counts. So the answer needs no replan of the pod's quotas and no
 // rebuild of its content; renewQuietly notes it.
-func (c *core) quietRenewal(w *work, st *assignment.State) bool {
+func quietRenewal(epoch int64, w *work, st *assignment.State) bool {
 	p := w.pod
 	if w.kind != kindPush || w.version == nil || !p.known || p.dirty || p.failures > 0 || p.foreign != nil || p.content == nil {
 		return false
 	}
 	g := w.version.gen
-	if st.Epoch != c.epoch || st.Generation != g || p.ackedGen != g || p.okGen != g || p.content.Generation != g ||
-		p.lastEpoch != c.epoch || p.lastGen != g {
+	if st.Epoch != epoch || st.Generation != g || p.ackedGen != g || p.okGen != g || p.content.Generation != g ||
+		p.lastEpoch != epoch || p.lastGen != g {
 		return false
 	}
 	if st.Instance == "" || st.Instance != p.instance || !st.Configured || !p.configured {

@@ -166,7 +166,7 @@ func (s *scheduler) schedule(p *podState, now time.Time) {
 // advance fires every timer that is due: pods whose request is due, quotas whose ledger
 // changed by itself (a lease lapsed, calls ended, recovery ended).
 func (c *core) advance(now time.Time) {
-	c.sched.fire(now, c.markQuota)
+	c.sched.fire(now, c.marks.markQuota)
 	c.flush(now)
 	if c.sched.timers.Len() > 4*(len(c.pods)+len(c.quotas))+64 {
 		c.sched.compactTimers()
