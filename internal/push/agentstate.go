@@ -29,17 +29,17 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {
-	case st.Epoch > c.epoch:
+	case st.Epoch > c.ledger.epoch:
 		// finishWork hands such an answer to claim, never here: an agent's word alone fences
 		// nothing (claims.go).
 		panic("push: applyState given a State of a newer epoch")
-	case st.Epoch == c.epoch && st.Generation > p.gen:
+	case st.Epoch == c.ledger.epoch && st.Generation > p.gen:
 		// A generation of this epoch the engine does not know: it forgot the pod after pushing to
 		// it (every quota of the pod was deleted, or the pod was given up as unreachable) and met
 		// it again. Only this engine pushes this epoch, so nobody else is involved: re-learn what
 		// the agent holds, count it like another manager's holding, and go on above it.
 		c.relearn(p, st, now)
-	case st.Epoch == c.epoch:
+	case st.Epoch == c.ledger.epoch:
 		keep := p.versions[:0]
 		for _, v := range p.versions {
 			if v.gen >= st.Generation {
@@ -98,7 +98,7 @@ func observeEntries(p *podState, st *assignment.State, now time.Time) {
 // acknowledges it the holding is replaced by what it reports.
 func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("an agent holds a generation of this epoch the engine forgot; re-learning what it holds",
-		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.epoch)
+		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.ledger.epoch)
 	for _, e := range p.entryList() {
 		c.reports.events = append(c.reports.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
 			Message: fmt.Sprintf("the agent of pod %s held generation %d of this manager's epoch, which the manager had forgotten "+

@@ -33,7 +33,7 @@ func (c *core) rebuild(p *podState) {
 		return
 	}
 	a := &assignment.Assignment{
-		Epoch:       c.epoch,
+		Epoch:       c.ledger.epoch,
 		LeaseTTL:    assignment.Duration(c.opts.LeaseTTL),
 		Downstreams: []assignment.Downstream{},
 	}

@@ -23,16 +23,10 @@ type core struct {
 	log     logr.Logger
 	metrics *metrics // nil in pure tests
 
-	epoch    int64
-	fencedBy int64 // the epoch record that fenced it (claims.go; ledger.fenced says whether)
-
 	// ledger is what every pod may be using and the grants that keep Σ ≤ limit (ledger.go).
 	ledger ledger
-
-	// Claims of a newer epoch waiting for the epoch record (claims.go): claimSeq numbers the
-	// claims made, claimants are the pods whose claim waits.
-	claimSeq  uint64
-	claimants []*podState
+	// claims are the answers claiming a newer epoch, waiting for the epoch record (claims.go).
+	claims claims
 
 	quotas map[types.NamespacedName]*quotaState
 	pods   map[types.UID]*podState
@@ -61,6 +55,7 @@ func newCore(o *Options, m *metrics) *core {
 		quotas:  map[types.NamespacedName]*quotaState{},
 		pods:    map[types.UID]*podState{},
 	}
+	c.claims = claims{opts: o, log: o.Logger, metrics: m, ledger: &c.ledger, sched: &c.sched, marks: &c.marks, reports: &c.reports}
 	c.reports = reports{ledger: &c.ledger, metrics: m, quotas: c.quotas, pods: c.pods, changed: map[types.NamespacedName]struct{}{}}
 	c.sched = scheduler{opts: o, ledger: &c.ledger, ready: newReadyQueue(newFlowCaps(o.Workers))}
 	return c
@@ -69,8 +64,7 @@ func newCore(o *Options, m *metrics) *core {
 // begin fixes the epoch and starts recovery: every pod is probed before it is pushed to, and
 // no quota raises anyone above what it is counted at until recoverUntil.
 func (c *core) begin(epoch int64, now time.Time) {
-	c.epoch = epoch
-	c.ledger.begin(now)
+	c.ledger.begin(epoch, now)
 	keys := slices.SortedFunc(maps.Keys(c.quotas), func(a, b types.NamespacedName) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})

@@ -417,7 +417,7 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h.set(quota(30, 2, 8, 2))
 	h.begin(3)
 	h.settle()
-	upTo, ok := h.c.pendingClaim()
+	upTo, ok := h.c.claims.pendingClaim()
 	if !ok || h.c.ledger.fenced {
 		t.Fatalf("claim pending %v, fenced %v", ok, h.c.ledger.fenced)
 	}
@@ -425,9 +425,9 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	if n := len(h.requestsTo("http://p0")); n != 1 {
 		t.Fatalf("%d requests to the claiming pod before the record was read, want the one probe", n)
 	}
-	h.c.recordRead(upTo, 9, nil, h.now)
-	if !h.c.ledger.fenced || h.c.fencedBy != 9 {
-		t.Fatalf("not fenced: %v %d", h.c.ledger.fenced, h.c.fencedBy)
+	h.c.claims.recordRead(upTo, 9, nil, h.now)
+	if !h.c.ledger.fenced || h.c.claims.fencedBy != 9 {
+		t.Fatalf("not fenced: %v %d", h.c.ledger.fenced, h.c.claims.fencedBy)
 	}
 	h.sent = nil
 	h.runFor(time.Minute)

@@ -203,7 +203,7 @@ func (e *Engine) SwitchApplied(name string) (applied, total int) {
 func (e *Engine) Epoch() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.epoch
+	return e.core.ledger.epoch
 }
 
 // afterLocked wakes workers for ready work, the scheduler for an earlier deadline, the
@@ -244,7 +244,7 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
-	if _, ok := e.core.pendingClaim(); ok {
+	if _, ok := e.core.claims.pendingClaim(); ok {
 		select {
 		case e.claimCh <- struct{}{}:
 		default:
@@ -275,7 +275,7 @@ func (e *Engine) verifier(ctx context.Context) {
 		}
 		for {
 			e.mu.Lock()
-			upTo, ok := e.core.pendingClaim()
+			upTo, ok := e.core.claims.pendingClaim()
 			e.mu.Unlock()
 			if !ok {
 				break
@@ -301,13 +301,13 @@ func (e *Engine) verifier(ctx context.Context) {
 			case err != nil:
 				e.metrics.recordReads.WithLabelValues(recordError).Inc()
 				interval = min(interval*2, max(every, 6*e.opts.RetryMax))
-			case record > e.core.epoch:
+			case record > e.core.ledger.epoch:
 				e.metrics.recordReads.WithLabelValues(recordNewer).Inc()
 			default:
 				e.metrics.recordReads.WithLabelValues(recordNotNewer).Inc()
 				interval = every
 			}
-			e.core.recordRead(upTo, record, err, e.clock.Now())
+			e.core.claims.recordRead(upTo, record, err, e.clock.Now())
 			e.afterLocked()
 			e.mu.Unlock()
 		}

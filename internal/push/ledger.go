@@ -34,6 +34,7 @@ import (
 type ledger struct {
 	opts *Options
 
+	epoch     int64     // the epoch this engine pushes (begin): the ledger's versions are its generations
 	started   bool      // the engine knows its epoch (begin); before, nothing is raised
 	startedAt time.Time // when it began: a previous manager stopped pushing before
 	fenced    bool      // a newer manager holds the epoch record (claims.go): raise nobody
@@ -42,9 +43,11 @@ type ledger struct {
 	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
 }
 
-// begin starts the ledger's recovery: no quota raises anyone above what it is counted at until
-// recoverUntil, and pods seen before now may hold a previous manager's pushes.
-func (l *ledger) begin(now time.Time) { l.started, l.startedAt = true, now }
+// begin fixes the epoch and starts the ledger's recovery: no quota raises anyone above what it is
+// counted at until recoverUntil, and pods seen before now may hold a previous manager's pushes.
+func (l *ledger) begin(epoch int64, now time.Time) {
+	l.epoch, l.started, l.startedAt = epoch, true, now
+}
 
 // recoverUntil is when a quota's recovery window ends: a lease the previous manager started
 // just before this one started has lapsed and its calls have ended.

@@ -364,7 +364,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				_, _ = deliver(w.to.URL, p.proc, w.assignment)
 			}
 			fake := *ag.cur.state(h.now)
-			fake.Epoch = []int64{1<<53 - 1, p.c.epoch + 1, p.c.epoch + 1 + rng.Int64N(1<<40)}[rng.IntN(3)]
+			fake.Epoch = []int64{1<<53 - 1, p.c.ledger.epoch + 1, p.c.ledger.epoch + 1 + rng.Int64N(1<<40)}[rng.IntN(3)]
 			fake.Generation = 1 + rng.Int64N(1<<53-1)
 			switch rng.IntN(3) {
 			case 0:
@@ -482,7 +482,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	// readRecord is the Engine's read of the epoch record, which holds the running manager's
 	// epoch (no newer manager exists), or fails.
 	readRecord := func() {
-		upTo, ok := h.c.pendingClaim()
+		upTo, ok := h.c.claims.pendingClaim()
 		if !ok {
 			return
 		}
@@ -490,9 +490,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		if rng.IntN(4) == 0 {
 			err = errors.New("etcdserver: request timed out")
 		}
-		before := len(h.c.claimants)
-		h.c.recordRead(upTo, epoch, err, h.now)
-		stats.refuted += before - len(h.c.claimants)
+		before := len(h.c.claims.claimants)
+		h.c.claims.recordRead(upTo, epoch, err, h.now)
+		stats.refuted += before - len(h.c.claims.claimants)
 		h.c.flush(h.now)
 		h.check()
 	}

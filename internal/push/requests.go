@@ -68,7 +68,7 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		c.sched.schedule(p, now)
 		return nil
 	}
-	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch, unproven: p.band == bandUnproven,
+	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.ledger.epoch, unproven: p.band == bandUnproven,
 		to: assignment.Endpoint{URL: p.endpoint, Pod: p.namespace + "/" + p.name}}
 	if kind == kindPush && p.failures == 0 && p.content.Generation == p.okGen && !p.renewAt.IsZero() {
 		c.renewalStarted(p, now.Sub(p.renewAt))
@@ -176,20 +176,22 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 	if !errors.As(err, &stale) {
 		stale = nil
 	}
-	if epoch := claimed(c.epoch, st, stale); epoch > 0 && (err == nil || stale != nil) {
+	if epoch := claimed(c.ledger.epoch, st, stale); epoch > 0 && (err == nil || stale != nil) {
 		// Not believed until the epoch record says so (claims.go), whatever the answer's shape.
-		c.claim(w, epoch, now)
+		if c.claims.claim(w, epoch, now) {
+			c.removePod(w.pod)
+		}
 		return
 	}
 	switch {
-	case err == nil && st != nil && quietRenewal(c.epoch, w, st):
+	case err == nil && st != nil && quietRenewal(c.ledger.epoch, w, st):
 		c.renewQuietly(w, st, now)
 		return
 	case err == nil && st != nil:
 		if w.kind == kindPush {
 			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
 			p.renewAt = c.sched.nextRenewal(w.sentAt)
-			if st.Epoch == c.epoch && st.Generation == w.version.gen {
+			if st.Epoch == c.ledger.epoch && st.Generation == w.version.gen {
 				p.okGen = w.version.gen
 			}
 		}
