@@ -16,8 +16,11 @@ import (
 
 // core is the engine's state machine: the desired quotas, every pod's agent and the ledgers.
 // It does no I/O, starts no goroutine and reads no clock: every method takes now, and the
-// Engine calls them under its mutex. Work for the agents comes out of popReady/startWork and
-// goes back in through finishWork, which is how the tests drive it step by step.
+// Engine calls them under its mutex. Work for the agents comes out of sched.popReady/startWork
+// and goes back in through finishWork, which is how the tests drive it step by step. core owns
+// the records (quotas, pods) and composes the parts that decide: the ledger (what is counted
+// and granted), the scheduler (which request next, and when), the claims (of a newer epoch),
+// the reports and the flush marks; each part's invariants are in its doc comment.
 type core struct {
 	opts    *Options
 	log     logr.Logger

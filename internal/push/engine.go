@@ -435,7 +435,7 @@ func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
 }
 
 // do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
-// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded). The bound is
+// EncodedPusher it returns the JSON sent, for the version to reuse (work.encoded). The bound is
 // the request context's deadline: with a timer (context.WithTimeout) unless the client ends a
 // request at its deadline by itself (DeadlineBounded, requestContext).
 func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, []byte, error) {

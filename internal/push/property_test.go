@@ -379,7 +379,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		if p.c == h.c {
 			if w.kind == kindPush && w.body == nil {
 				// The engine encodes a push once per version and agent process, and reuses the
-				// bytes for the renewals (core.encoded): what makes a renewal batchable.
+				// bytes for the renewals (work.encoded): what makes a renewal batchable.
 				w.encoded(fmt.Appendf(nil, "g%d", w.assignment.Generation))
 			}
 			p.c.finishWork(w, st, err, h.now)

@@ -39,7 +39,7 @@ type work struct {
 	version    *version               // kindPush
 	// body is assignment's JSON when the version already has it for the assignment's instance
 	// (a renewal): the engine encodes a push once per version and agent process, and reuses it
-	// (core.encoded).
+	// (work.encoded).
 	body   []byte
 	sentAt time.Time
 	// to (the pod's endpoint then) and epoch are what the request is addressed to and signed
@@ -55,7 +55,7 @@ type work struct {
 	unproven bool
 }
 
-// startWork turns a ready pod (popReady) into a request. For a push it reserves the version in
+// startWork turns a ready pod (scheduler.popReady) into a request. For a push it reserves the version in
 // the ledger before anything is sent: from here on the agent may hold it. The request is held by
 // the pod's flow (readyQueue.acquire) until finishWork. nil for nil.
 func (c *core) startWork(p *podState, now time.Time) *work {
