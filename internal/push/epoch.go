@@ -51,7 +51,7 @@ func (s *ConfigMapEpoch) NextEpoch(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("epoch ConfigMap: namespace is required")
 	}
 	key := types.NamespacedName{Namespace: s.Namespace, Name: name}
-	var now func() time.Time = time.Now
+	now := time.Now
 	if s.Clock != nil {
 		now = s.Clock.Now
 	}
