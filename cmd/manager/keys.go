@@ -8,24 +8,25 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/keys"
 )
 
-// keyKeeper runs the manager's key schedule (push.KeyRing.Schedule): every tick it reads the
+// keyKeeper runs the manager's key schedule (keys.KeyRing.Schedule): every tick it reads the
 // signing key Secret, adds a key when the newest is older than the rotation interval, withdraws
 // the keys the schedule retired, hands the signing key to the signing client and publishes the
 // public keys to the trust reconciler. Every decision is computed from the keys' creation times
 // in the Secret, so a restarted or new leader continues the same schedule.
 type keyKeeper struct {
-	keys     *push.SigningKeys
-	signer   *push.SigningClient
+	keys     *keys.SigningKeys
+	signer   *keys.SigningClient
 	overlap  time.Duration
 	rotation time.Duration // 0: never rotate
 	tick     time.Duration
-	now      func() time.Time
+	clock    clock.PassiveClock
 	log      logr.Logger
 	changes  chan<- event.GenericEvent
 
@@ -67,7 +68,7 @@ func (k *keyKeeper) Start(ctx context.Context) error {
 }
 
 func (k *keyKeeper) sync(ctx context.Context) error {
-	now := k.now()
+	now := k.clock.Now()
 	ring, err := k.keys.Ensure(ctx)
 	if err != nil {
 		return err

@@ -10,10 +10,11 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
-	"github.com/apportion/apportion/internal/push"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // TestKeyKeeperRotation drives the keeper through a rotation with an injected clock: a new key is
@@ -22,22 +23,21 @@ import (
 func TestKeyKeeperRotation(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	now := t0
-	clk := func() time.Time { return now }
+	clk := testingclock.NewFakePassiveClock(t0)
 	c := fake.NewClientBuilder().Build()
-	keys := &push.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: clk}
+	signingKeys := &keys.SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Clock: clk}
 	changes := make(chan event.GenericEvent, 1)
-	k := &keyKeeper{keys: keys, signer: push.NewSigningClient(nil, push.Schedule{}), overlap: 10 * time.Minute,
-		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard(), changes: changes}
+	k := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
+		rotation: time.Hour, tick: time.Minute, clock: clk, log: logr.Discard(), changes: changes}
 
 	step := func(at time.Duration, wantSigning int, wantTrust []int, wantSecret []int) {
 		t.Helper()
-		now = t0.Add(at)
+		clk.SetTime(t0.Add(at))
 		if err := k.sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		var s corev1.Secret
-		if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: push.DefaultSigningKeySecret}, &s); err != nil {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "apportion-system", Name: keys.DefaultSigningKeySecret}, &s); err != nil {
 			t.Fatal(err)
 		}
 		secretIDs := slices.Sorted(maps.Keys(s.Data))
@@ -88,8 +88,8 @@ func TestKeyKeeperRotation(t *testing.T) {
 		t.Fatal("the withdrawal was not announced")
 	}
 	// A new leader (a new keeper, same Secret) continues the same schedule.
-	k2 := &keyKeeper{keys: keys, signer: push.NewSigningClient(nil, push.Schedule{}), overlap: 10 * time.Minute,
-		rotation: time.Hour, tick: time.Minute, now: clk, log: logr.Discard()}
+	k2 := &keyKeeper{keys: signingKeys, signer: keys.NewSigningClient(nil, keys.Schedule{}), overlap: 10 * time.Minute,
+		rotation: time.Hour, tick: time.Minute, clock: clk, log: logr.Discard()}
 	k = k2
 	step(time.Hour+30*time.Minute, 1, []int{1}, []int{1})
 	step(2*time.Hour, 1, []int{1, 2}, []int{1, 2})

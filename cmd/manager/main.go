@@ -31,6 +31,7 @@ import (
 	"github.com/apportion/apportion/internal/controller"
 	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/inject"
+	"github.com/apportion/apportion/internal/keys"
 	"github.com/apportion/apportion/internal/push"
 	"github.com/apportion/apportion/internal/version"
 )
@@ -89,7 +90,7 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.IntVar(&o.statusWriters, "status-writers", controller.DefaultStatusWriters,
 		"DownstreamQuota status writes in flight at once; a reconcile hands its status over and never waits for the write (one write per quota at a time, the latest status wins)")
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
-	fs.DurationVar(&o.keyOverlap, "key-overlap", push.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
+	fs.DurationVar(&o.keyOverlap, "key-overlap", keys.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	o.webhook.bind(fs)
 	o.sharing.bind(fs)
@@ -131,8 +132,8 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	if o.pushWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--push-workers must be at least 1, got %d", o.pushWorkers))
 	}
-	if o.keyOverlap < push.MinKeyOverlap {
-		errs = append(errs, fmt.Errorf("--key-overlap must be at least %s (the kubelet refreshes a ConfigMap volume within about a minute, the agent re-reads it every 30s), got %s", push.MinKeyOverlap, o.keyOverlap))
+	if o.keyOverlap < keys.MinKeyOverlap {
+		errs = append(errs, fmt.Errorf("--key-overlap must be at least %s (the kubelet refreshes a ConfigMap volume within about a minute, the agent re-reads it every 30s), got %s", keys.MinKeyOverlap, o.keyOverlap))
 	}
 	if o.keyRotation < 0 || (o.keyRotation > 0 && o.keyRotation <= 2*o.keyOverlap) {
 		errs = append(errs, fmt.Errorf("--key-rotation-interval must be 0 or longer than twice --key-overlap (%s), so that at most two keys are published, got %s", o.keyOverlap, o.keyRotation))
@@ -214,8 +215,8 @@ func run(args []string) error {
 	// The signing keys: Ed25519, private halves only in a Secret of the manager's namespace. The
 	// key keeper (leader only) runs the rotation schedule and publishes the public halves, which
 	// the trust reconciler keeps as a ConfigMap in every namespace with agents.
-	keys := &push.SigningKeys{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace}
-	ring, err := keys.Ensure(ctx)
+	signingKeys := &keys.SigningKeys{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Namespace: o.managerNamespace}
+	ring, err := signingKeys.Ensure(ctx)
 	if err != nil {
 		return fmt.Errorf("signing keys: %w", err)
 	}
@@ -228,10 +229,10 @@ func run(args []string) error {
 	agentHTTP := h1.NewClient()
 	agentHTTP.SetMaxIdlePerHost(1)
 	agentHTTP.SetMaxResponseHeaderBytes(assignment.MaxAnswerHeadBytes)
-	signer := push.NewSigningClient(h1.HTTPClient{C: agentHTTP}, sched)
+	signer := keys.NewSigningClient(h1.HTTPClient{C: agentHTTP}, sched)
 	trustChanges := make(chan event.GenericEvent, 1)
-	keeper := &keyKeeper{keys: keys, signer: signer, overlap: o.keyOverlap, rotation: o.keyRotation,
-		tick: min(o.keyOverlap/4, time.Minute), now: time.Now, log: ctrl.Log.WithName("keys"), changes: trustChanges}
+	keeper := &keyKeeper{keys: signingKeys, signer: signer, overlap: o.keyOverlap, rotation: o.keyRotation,
+		tick: min(o.keyOverlap/4, time.Minute), clock: clock.RealClock{}, log: ctrl.Log.WithName("keys"), changes: trustChanges}
 	if err := mgr.Add(keeper); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/control"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // testBackend is an agent backend with the enforcer's documented semantics (fencing by
@@ -155,8 +156,8 @@ var quietLog = slog.New(slog.DiscardHandler)
 var testKey = assignment.SigningKey{ID: "k20260701-120000", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, ed25519.SeedSize))}
 
 // testKeys is a schedule that signs with testKey.
-func testKeys(testing.TB) Schedule {
-	return Schedule{Signing: testKey, Published: []assignment.SigningKey{testKey}}
+func testKeys(testing.TB) keys.Schedule {
+	return keys.Schedule{Signing: testKey, Published: []assignment.SigningKey{testKey}}
 }
 
 // newTestAgent serves a test backend as pod ("namespace/name"), trusting testKey.

@@ -14,7 +14,7 @@ import (
 // above the engine's (finishWork hands such answers to claim).
 func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.misbehaving, p.claimedEpoch = false, 0
-	if p.known && c.restarted(p, st) {
+	if p.known && restarted(p, st) {
 		c.forgetProcess(p, st, now)
 	} else if !p.known {
 		c.carryPredecessor(p, st, now)
@@ -29,17 +29,17 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {
-	case st.Epoch > c.epoch:
+	case st.Epoch > c.ledger.epoch:
 		// finishWork hands such an answer to claim, never here: an agent's word alone fences
 		// nothing (claims.go).
 		panic("push: applyState given a State of a newer epoch")
-	case st.Epoch == c.epoch && st.Generation > p.gen:
+	case st.Epoch == c.ledger.epoch && st.Generation > p.gen:
 		// A generation of this epoch the engine does not know: it forgot the pod after pushing to
 		// it (every quota of the pod was deleted, or the pod was given up as unreachable) and met
 		// it again. Only this engine pushes this epoch, so nobody else is involved: re-learn what
 		// the agent holds, count it like another manager's holding, and go on above it.
 		c.relearn(p, st, now)
-	case st.Epoch == c.epoch:
+	case st.Epoch == c.ledger.epoch:
 		keep := p.versions[:0]
 		for _, v := range p.versions {
 			if v.gen >= st.Generation {
@@ -59,7 +59,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 			f := &foreignHold{
 				epoch:     st.Epoch,
 				bootstrap: st.Epoch == 0,
-				leaseEnd:  c.foreignLeaseEnd(),
+				leaseEnd:  c.ledger.foreignLeaseEnd(),
 				holds:     make(map[string]foreignDS, len(st.Downstreams)),
 			}
 			for _, d := range st.Downstreams {
@@ -98,9 +98,9 @@ func observeEntries(p *podState, st *assignment.State, now time.Time) {
 // acknowledges it the holding is replaced by what it reports.
 func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("an agent holds a generation of this epoch the engine forgot; re-learning what it holds",
-		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.epoch)
+		"pod", p.namespace+"/"+p.name, "agentGeneration", st.Generation, "generation", p.gen, "epoch", c.ledger.epoch)
 	for _, e := range p.entryList() {
-		c.events = append(c.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
+		c.reports.events = append(c.reports.events, Event{Quota: e.quota.key, UID: e.quota.uid, Warning: true, Reason: ReasonAgentRelearned,
 			Message: fmt.Sprintf("the agent of pod %s held generation %d of this manager's epoch, which the manager had forgotten "+
 				"(the pod left every quota, e.g. the quota was deleted, and came back); counted at what it holds and pushed again",
 				p.name, st.Generation)})
@@ -121,7 +121,7 @@ func (c *core) relearn(p *podState, st *assignment.State, now time.Time) {
 		}
 		p.foreign = f
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // forgetProcess handles an agent that restarted (st comes from a new process). The old process's
@@ -140,7 +140,8 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	c.log.Info("agent restarted", "pod", p.namespace+"/"+p.name)
 	byInstance := p.instance != "" && st.Instance != "" && st.Instance != p.instance
 	for _, e := range p.entries {
-		c.carryCounted(e, now, now.Add(e.maxRequestTimeout))
+		c.ledger.carryCounted(e, now, now.Add(e.maxRequestTimeout))
+		c.marks.markQuota(e.quota)
 		e.grant = 0
 	}
 	keep := p.versions[:0]
@@ -151,7 +152,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 	}
 	clear(p.versions[len(keep):])
 	p.versions = keep
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // carryPredecessor handles the first answer of an agent to this engine. When the pod already had
@@ -162,7 +163,7 @@ func (c *core) forgetProcess(p *podState, st *assignment.State, now time.Time) {
 // unknown pod until now is carried until then. A pod this engine saw from its first endpoint on
 // needs no carry: nobody but this engine configures it, and it never pushes an unknown pod.
 func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time) {
-	if st.Uptime <= 0 || !c.started || !p.hadEndpoint() || !c.mayPredate(p) {
+	if st.Uptime <= 0 || !c.ledger.started || !p.hadEndpoint() || !c.ledger.mayPredate(p) {
 		return
 	}
 	began := now.Add(-st.Uptime.D())
@@ -171,23 +172,24 @@ func (c *core) carryPredecessor(p *podState, st *assignment.State, now time.Time
 		if !now.Before(until) {
 			continue
 		}
-		c.carryCounted(e, now, until)
+		c.ledger.carryCounted(e, now, until)
+		c.marks.markQuota(e.quota)
 	}
 }
 
 // carryCounted adds what the entry is counted at now, its grant aside (the bound of what the
-// pod's previous process may still run), to its carry, kept until at least until.
-func (c *core) carryCounted(e *entry, now, until time.Time) {
-	h, ph, carry, _ := c.held(e, now)
+// pod's previous process may still run), to its carry, kept until at least until. The caller
+// replans the entry's quota.
+func (l *ledger) carryCounted(e *entry, now, until time.Time) {
+	h, ph, carry, _ := l.held(e, now)
 	e.carry, e.carryUntil = carry+max(h, ph), maxTime(until, e.carryUntil)
-	c.markQuota(e.quota)
 }
 
 // restarted says whether st comes from a new agent process: its state went backwards (a lower
 // (epoch, generation), no longer configured), a request counter, which only grows within a
 // process, dropped, or — the direct signal — the agent's instance id changed. The other signals
 // cover agents that do not report an instance.
-func (c *core) restarted(p *podState, st *assignment.State) bool {
+func restarted(p *podState, st *assignment.State) bool {
 	if p.instance != "" && st.Instance != "" && st.Instance != p.instance {
 		return true // a new process, whatever it accepted since
 	}

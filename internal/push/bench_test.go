@@ -13,6 +13,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // BenchmarkConverge measures, with N in-process agents on loopback (real control handler, Ed25519
@@ -41,7 +42,7 @@ func benchConverge(b *testing.B, n int) {
 	notify := make(chan struct{}, 1)
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 4 * n, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}}
 	e, err := New(Options{
-		Client:      NewSigningClient(hc, testKeys(b)),
+		Client:      keys.NewSigningClient(hc, testKeys(b)),
 		Epoch:       EpochFunc(func(context.Context) (int64, error) { return 1, nil }),
 		Clock:       clk,
 		PushTimeout: time.Second,

@@ -26,9 +26,9 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 	liar.claim = hugeEpoch
 	h.advance(4 * time.Second) // a renewal round: p0's renewal is answered with the claim
 	h.settle()
-	upTo, ok := h.c.pendingClaim()
-	if !ok || h.c.fenced {
-		t.Fatalf("claim pending %v, fenced %v", ok, h.c.fenced)
+	upTo, ok := h.c.claims.pendingClaim()
+	if !ok || h.c.ledger.fenced {
+		t.Fatalf("claim pending %v, fenced %v", ok, h.c.ledger.fenced)
 	}
 	r := h.report("ns", "q")
 	if !slices.Contains(r.Unreachable, "p0") || len(r.Misbehaving) != 0 {
@@ -44,11 +44,11 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 		t.Fatal("p1 was not renewed")
 	}
 
-	h.c.recordRead(upTo, 1, nil, h.now)
-	if h.c.fenced {
+	h.c.claims.recordRead(upTo, 1, nil, h.now)
+	if h.c.ledger.fenced {
 		t.Fatal("fenced by a claim the record refutes")
 	}
-	evs := h.c.takeEvents()
+	evs := h.c.reports.takeEvents()
 	if len(evs) != 1 || evs[0].Reason != ReasonAgentClaimsNewerEpoch || !evs[0].Warning || evs[0].Quota != qKey {
 		t.Fatalf("events %+v, want one AgentClaimsNewerEpoch", evs)
 	}
@@ -69,12 +69,12 @@ func TestFalseEpochClaimIsRefutedNotFenced(t *testing.T) {
 	if len(h.requestsTo("http://p0")) != 1 {
 		t.Fatalf("%d requests to p0, want one probe", len(h.requestsTo("http://p0")))
 	}
-	upTo, ok = h.c.pendingClaim()
+	upTo, ok = h.c.claims.pendingClaim()
 	if !ok {
 		t.Fatal("the second claim is not pending")
 	}
-	h.c.recordRead(upTo, 1, nil, h.now)
-	if evs := h.c.takeEvents(); len(evs) != 0 {
+	h.c.claims.recordRead(upTo, 1, nil, h.now)
+	if evs := h.c.reports.takeEvents(); len(evs) != 0 {
 		t.Fatalf("a second Event within %s: %+v", claimEventEvery, evs)
 	}
 	// It tells the truth again: an ordinary pod.
@@ -93,15 +93,15 @@ func TestEpochRecordReadErrorDecidesNothing(t *testing.T) {
 	h.agent("http://p0").claim = 7
 	h.advance(4 * time.Second)
 	h.settle()
-	upTo, ok := h.c.pendingClaim()
+	upTo, ok := h.c.claims.pendingClaim()
 	if !ok {
 		t.Fatal("no claim pending")
 	}
-	h.c.recordRead(upTo, 0, errors.New("the server is currently unable to handle the request"), h.now)
-	if h.c.fenced {
+	h.c.claims.recordRead(upTo, 0, errors.New("the server is currently unable to handle the request"), h.now)
+	if h.c.ledger.fenced {
 		t.Fatal("fenced on a read error")
 	}
-	if _, ok := h.c.pendingClaim(); !ok {
+	if _, ok := h.c.claims.pendingClaim(); !ok {
 		t.Fatal("a read error decided the claim")
 	}
 	// p1 claims too, after the read that will refute p0's started (upTo).
@@ -110,11 +110,11 @@ func TestEpochRecordReadErrorDecidesNothing(t *testing.T) {
 	if h.c.pods["uid-p1"].claimSeq <= upTo {
 		t.Fatal("p1 made no claim")
 	}
-	h.c.recordRead(upTo, 1, nil, h.now)
+	h.c.claims.recordRead(upTo, 1, nil, h.now)
 	if !h.c.pods["uid-p0"].misbehaving || h.c.pods["uid-p1"].misbehaving {
 		t.Fatalf("misbehaving p0 %v p1 %v, want p0 only", h.c.pods["uid-p0"].misbehaving, h.c.pods["uid-p1"].misbehaving)
 	}
-	if upTo2, ok := h.c.pendingClaim(); !ok || upTo2 <= upTo {
+	if upTo2, ok := h.c.claims.pendingClaim(); !ok || upTo2 <= upTo {
 		t.Fatal("p1's claim was not left for the next read")
 	}
 }
@@ -126,13 +126,13 @@ func TestNewerRecordFences(t *testing.T) {
 	h.agent("http://p2").claim = hugeEpoch
 	h.advance(4 * time.Second)
 	h.settle()
-	upTo, ok := h.c.pendingClaim()
+	upTo, ok := h.c.claims.pendingClaim()
 	if !ok {
 		t.Fatal("no claim pending")
 	}
-	h.c.recordRead(upTo, 2, nil, h.now)
-	if !h.c.fenced || h.c.fencedBy != 2 {
-		t.Fatalf("fenced %v by %d, want by the record's 2", h.c.fenced, h.c.fencedBy)
+	h.c.claims.recordRead(upTo, 2, nil, h.now)
+	if !h.c.ledger.fenced || h.c.claims.fencedBy != 2 {
+		t.Fatalf("fenced %v by %d, want by the record's 2", h.c.ledger.fenced, h.c.claims.fencedBy)
 	}
 }
 

@@ -24,16 +24,16 @@ func (c *core) rebuild(p *podState) {
 		return
 	}
 	if len(p.entries) == 0 {
-		if !p.finalPush || p.endpoint == "" || (!p.configured && len(p.versions) == 0) || c.fenced {
+		if !p.finalPush || p.endpoint == "" || (!p.configured && len(p.versions) == 0) || c.ledger.fenced {
 			c.removePod(p)
 			return
 		}
 	}
-	if !c.started {
+	if !c.ledger.started {
 		return
 	}
 	a := &assignment.Assignment{
-		Epoch:       c.epoch,
+		Epoch:       c.ledger.epoch,
 		LeaseTTL:    assignment.Duration(c.opts.LeaseTTL),
 		Downstreams: []assignment.Downstream{},
 	}

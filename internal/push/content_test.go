@@ -31,7 +31,7 @@ func TestInvalidSwitchIsDroppedAndThePermitsArePushed(t *testing.T) {
 	d.Switches[0].Switch.KeyHeader = "X-User"
 	h.set(d)
 	h.settle()
-	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 2 || n != 2 {
 		t.Fatalf("applied %d/%d once valid, want 2/2", a, n)
 	}
 }

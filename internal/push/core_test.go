@@ -329,7 +329,7 @@ func TestRecoveryLearnsHoldingsAndForbidsRaises(t *testing.T) {
 	if a := h.agent("http://p0"); a.epoch != 5 {
 		t.Fatalf("p0 still on epoch %d", a.epoch)
 	}
-	h.runFor(h.c.recoverUntil(h.c.quotas[qKey]).Sub(h.now) - time.Millisecond)
+	h.runFor(h.c.ledger.recoverUntil(h.c.quotas[qKey]).Sub(h.now) - time.Millisecond)
 	if g := grants(h.report("ns", "q")); g["p0"] != 5 || g["p1"] != 0 {
 		t.Fatalf("raised before the recovery window ended: %v", g)
 	}
@@ -362,7 +362,7 @@ func TestFirstContactWithAYoungProcessCarriesItsPredecessor(t *testing.T) {
 			h.policy["http://p0"] = dropped // unreachable from the start
 			h.set(quota(24, 3, 8, 2))
 			h.begin(1)
-			h.runFor(h.c.recoverUntil(h.c.quotas[qKey]).Sub(h.now) + time.Second)
+			h.runFor(h.c.ledger.recoverUntil(h.c.quotas[qKey]).Sub(h.now) + time.Second)
 			r := h.report("ns", "q")
 			if g := grants(r); g["p1"] != 8 || g["p2"] != 8 || h.holding(r, "p0").Counted != 2 {
 				t.Fatalf("before p0 answers: %+v", r.Holdings)
@@ -417,17 +417,17 @@ func TestNewerEpochFencesTheEngine(t *testing.T) {
 	h.set(quota(30, 2, 8, 2))
 	h.begin(3)
 	h.settle()
-	upTo, ok := h.c.pendingClaim()
-	if !ok || h.c.fenced {
-		t.Fatalf("claim pending %v, fenced %v", ok, h.c.fenced)
+	upTo, ok := h.c.claims.pendingClaim()
+	if !ok || h.c.ledger.fenced {
+		t.Fatalf("claim pending %v, fenced %v", ok, h.c.ledger.fenced)
 	}
 	h.runFor(time.Second)
 	if n := len(h.requestsTo("http://p0")); n != 1 {
 		t.Fatalf("%d requests to the claiming pod before the record was read, want the one probe", n)
 	}
-	h.c.recordRead(upTo, 9, nil, h.now)
-	if !h.c.fenced || h.c.fencedBy != 9 {
-		t.Fatalf("not fenced: %v %d", h.c.fenced, h.c.fencedBy)
+	h.c.claims.recordRead(upTo, 9, nil, h.now)
+	if !h.c.ledger.fenced || h.c.claims.fencedBy != 9 {
+		t.Fatalf("not fenced: %v %d", h.c.ledger.fenced, h.c.claims.fencedBy)
 	}
 	h.sent = nil
 	h.runFor(time.Minute)
@@ -501,7 +501,7 @@ func TestSwitchApplied(t *testing.T) {
 		Action: assignment.Fallback{Action: assignment.ActionReject}}
 	d.Switches = []TargetedSwitch{{Target: "web", Switch: sw}}
 	h := converged(t, d, nil)
-	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 2 || n != 2 {
 		t.Fatalf("applied %d/%d, want 2/2", a, n)
 	}
 	if h.agent("http://api0").a.Switches != nil {
@@ -510,17 +510,17 @@ func TestSwitchApplied(t *testing.T) {
 	d.Switches[0].Switch.Percent = 50
 	d.Switches[0].Switch.KeyHeader = "X-User"
 	h.set(d)
-	if a, n := h.c.switchApplied("ns/r1"); a != 0 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 0 || n != 2 {
 		t.Fatalf("applied %d/%d after a change, want 0/2", a, n)
 	}
 	h.settle()
-	if a, n := h.c.switchApplied("ns/r1"); a != 2 || n != 2 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 2 || n != 2 {
 		t.Fatalf("applied %d/%d, want 2/2", a, n)
 	}
 	d.Switches = nil
 	h.set(d)
 	h.settle()
-	if a, n := h.c.switchApplied("ns/r1"); a != 0 || n != 0 {
+	if a, n := h.c.reports.switchApplied("ns/r1"); a != 0 || n != 0 {
 		t.Fatalf("applied %d/%d after removal", a, n)
 	}
 }
@@ -584,7 +584,7 @@ func TestDeleteAndRecreateQuotaNeverFences(t *testing.T) {
 				}
 				h.set(d)
 				h.runFor(2 * time.Second)
-				if h.c.fenced {
+				if h.c.ledger.fenced {
 					t.Fatalf("fenced by a re-created quota")
 				}
 				r := h.report("ns", "q")
@@ -629,7 +629,7 @@ func TestRecreatedQuotaCountsCallsOfTheDeletedOne(t *testing.T) {
 	}
 	delete(p0.inflight, "q")
 	h.runFor(time.Second)
-	if r := h.report("ns", "q"); !r.Converged || h.c.fenced || grants(r)["p2"] != 6 {
+	if r := h.report("ns", "q"); !r.Converged || h.c.ledger.fenced || grants(r)["p2"] != 6 {
 		t.Fatalf("not converged once the calls ended: %+v", r)
 	}
 }
@@ -650,13 +650,13 @@ func TestSameEpochHigherGenerationIsRelearnedNotFenced(t *testing.T) {
 	}
 	h.set(quota(12, 2, 6, 3))
 	h.settle()
-	if h.c.fenced {
+	if h.c.ledger.fenced {
 		t.Fatalf("fenced by an agent of the same epoch")
 	}
 	if a.gen <= 7 || a.epoch != 3 {
 		t.Fatalf("agent holds e%d g%d, want generation above 7", a.epoch, a.gen)
 	}
-	if evs := h.c.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
+	if evs := h.c.reports.takeEvents(); len(evs) != 1 || evs[0].Quota != qKey || evs[0].Reason != ReasonAgentRelearned || !evs[0].Warning ||
 		!strings.Contains(evs[0].Message, "pod p0 held generation 7") {
 		t.Fatalf("events %+v, want one AgentRelearned for p0", evs)
 	}
@@ -678,9 +678,9 @@ func TestNextRenewalOnTheGrid(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			o.jitter = func(d time.Duration) time.Duration { return d }
 		}
-		c := &core{opts: &o}
+		s := &scheduler{opts: &o}
 		sent := time.Unix(0, rng.Int64N(1<<62))
-		at := c.nextRenewal(sent)
+		at := s.nextRenewal(sent)
 		step := renewGrid(every)
 		if step <= 0 || step > 100*time.Millisecond || (every >= 16 && step > every/16) {
 			t.Fatalf("every %s: step %s", every, step)
@@ -692,7 +692,7 @@ func TestNextRenewalOnTheGrid(t *testing.T) {
 			t.Fatalf("every %s: due at %s, off the %s grid", every, at, step)
 		}
 		if later := sent.Add(time.Duration(rng.Int64N(int64(step)))); o.jitter != nil &&
-			sent.Add(every).Truncate(step).Equal(later.Add(every).Truncate(step)) && !c.nextRenewal(later).Equal(at) {
+			sent.Add(every).Truncate(step).Equal(later.Add(every).Truncate(step)) && !s.nextRenewal(later).Equal(at) {
 			t.Fatalf("every %s: pushes sent at %s and %s renew at different instants in one step", every, sent, later)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 )
 
 // DeadlineBounded is implemented by an AgentClient that may end every request at its context's
-// deadline by itself, without watching the context's Done: SigningClient over h1.HTTPClient,
+// deadline by itself, without watching the context's Done: keys.SigningClient over h1.HTTPClient,
 // which makes the deadline its connection's. When BoundsByDeadline reports true the engine
 // bounds a request with a context that carries the PushTimeout deadline and no timer
 // (deadlineOnly), sparing a timer and a registration with the engine's context per push —
@@ -31,6 +31,15 @@ func (c *deadlineOnly) Deadline() (time.Time, bool) {
 	}
 	return c.deadline, true
 }
+
+// socketDeadline is when a request to an agent started now must end: timeout later on the real
+// clock. It is the one place the engine reads real time for a decision's sake, and the only one
+// that should: the deadline is enforced by the network stack and the runtime's timers (a
+// connection's SetDeadline, context.WithDeadline), which run on real time whatever clock drives
+// the engine. A deadline taken from a fake clock would end a request at once or never. What the
+// engine decides — leases, renewals, retries, which request goes next — reads Options.Clock
+// (the work's sentAt), never this deadline.
+func socketDeadline(timeout time.Duration) time.Time { return time.Now().Add(timeout) }
 
 // requestContext returns the context that ends one request to c at deadline: a deadlineOnly
 // for a DeadlineBounded client that says it bounds by deadline, context.WithDeadline's otherwise.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/h1"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // A SigningClient over h1.HTTPClient (which ends a call at its context's deadline itself) gets
@@ -15,7 +16,7 @@ import (
 func TestRequestContext(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	lean := NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, testKeys(t))
+	lean := keys.NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, testKeys(t))
 	if !lean.BoundsByDeadline() {
 		t.Fatal("SigningClient over h1.HTTPClient does not bound by deadline")
 	}
@@ -39,7 +40,7 @@ func TestRequestContext(t *testing.T) {
 		t.Fatalf("deadline %v: the parent's earlier deadline is not kept", d)
 	}
 
-	std := NewSigningClient(&http.Client{}, testKeys(t))
+	std := keys.NewSigningClient(&http.Client{}, testKeys(t))
 	if std.BoundsByDeadline() {
 		t.Fatal("SigningClient over net/http claims to bound by deadline")
 	}
@@ -57,7 +58,7 @@ func TestRequestContext(t *testing.T) {
 func TestEngineLeanClientGivesUpAtPushTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	r := newRig(t, 2, nil, nil, 1, func(o *Options) {
-		o.Client = NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, testKeys(t))
+		o.Client = keys.NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, testKeys(t))
 		o.PushTimeout = timeout
 	})
 	r.start()
@@ -93,8 +94,8 @@ func BenchmarkRequestContext(b *testing.B) {
 		name string
 		c    AgentClient
 	}{
-		{"timer", NewSigningClient(&http.Client{}, Schedule{})},
-		{"deadline-only", NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, Schedule{})},
+		{"timer", keys.NewSigningClient(&http.Client{}, keys.Schedule{})},
+		{"deadline-only", keys.NewSigningClient(h1.HTTPClient{C: h1.NewClient()}, keys.Schedule{})},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()

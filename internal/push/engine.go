@@ -186,7 +186,7 @@ func (e *Engine) DeleteQuota(key types.NamespacedName) {
 func (e *Engine) Report(key types.NamespacedName) Report {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.report(key, e.clock.Now())
+	return e.core.reports.report(key, e.clock.Now())
 }
 
 // SwitchApplied counts, for the degrade switch named name ("<namespace>/<DegradeRule name>"),
@@ -196,36 +196,36 @@ func (e *Engine) Report(key types.NamespacedName) Report {
 func (e *Engine) SwitchApplied(name string) (applied, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.switchApplied(name)
+	return e.core.reports.switchApplied(name)
 }
 
 // Epoch is the engine's fencing epoch; 0 before Start took one.
 func (e *Engine) Epoch() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.core.epoch
+	return e.core.ledger.epoch
 }
 
 // afterLocked wakes workers for ready work, the scheduler for an earlier deadline, the
 // notifier for changed reports, and Start when fenced. e.mu is held.
 func (e *Engine) afterLocked() {
-	if e.core.hasReady() {
+	if e.core.sched.hasReady() {
 		e.cond.Broadcast()
 	}
-	if e.core.needsFlush() {
+	if e.core.marks.needsFlush() {
 		// Replans are the scheduler's: answers arriving together are planned once.
 		select {
 		case e.kick <- struct{}{}:
 		default:
 		}
-	} else if next := e.core.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
+	} else if next := e.core.sched.nextWake(); !next.IsZero() && (e.waitingFor.IsZero() || next.Before(e.waitingFor)) {
 		e.waitingFor = next
 		select {
 		case e.kick <- struct{}{}:
 		default:
 		}
 	}
-	keys, evs := e.core.takeChanged(), e.core.takeEvents()
+	keys, evs := e.core.reports.takeChanged(), e.core.reports.takeEvents()
 	if e.opts.OnChange == nil {
 		keys = nil
 	}
@@ -244,13 +244,13 @@ func (e *Engine) afterLocked() {
 		default:
 		}
 	}
-	if _, ok := e.core.pendingClaim(); ok {
+	if _, ok := e.core.claims.pendingClaim(); ok {
 		select {
 		case e.claimCh <- struct{}{}:
 		default:
 		}
 	}
-	if e.core.fenced {
+	if e.core.ledger.fenced {
 		e.fenceOnce.Do(func() { close(e.fencedCh) })
 	}
 }
@@ -275,7 +275,7 @@ func (e *Engine) verifier(ctx context.Context) {
 		}
 		for {
 			e.mu.Lock()
-			upTo, ok := e.core.pendingClaim()
+			upTo, ok := e.core.claims.pendingClaim()
 			e.mu.Unlock()
 			if !ok {
 				break
@@ -301,13 +301,13 @@ func (e *Engine) verifier(ctx context.Context) {
 			case err != nil:
 				e.metrics.recordReads.WithLabelValues(recordError).Inc()
 				interval = min(interval*2, max(every, 6*e.opts.RetryMax))
-			case record > e.core.epoch:
+			case record > e.core.ledger.epoch:
 				e.metrics.recordReads.WithLabelValues(recordNewer).Inc()
 			default:
 				e.metrics.recordReads.WithLabelValues(recordNotNewer).Inc()
 				interval = every
 			}
-			e.core.recordRead(upTo, record, err, e.clock.Now())
+			e.core.claims.recordRead(upTo, record, err, e.clock.Now())
 			e.afterLocked()
 			e.mu.Unlock()
 		}
@@ -319,7 +319,7 @@ func (e *Engine) scheduler(ctx context.Context) {
 		e.mu.Lock()
 		now := e.clock.Now()
 		e.core.advance(now)
-		next := e.core.nextWake()
+		next := e.core.sched.nextWake()
 		e.waitingFor = next
 		e.afterLocked()
 		e.mu.Unlock()
@@ -349,7 +349,7 @@ func (e *Engine) worker(ctx context.Context) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		for !e.stopping && len(e.signed) == 0 && !e.core.hasReady() {
+		for !e.stopping && len(e.signed) == 0 && !e.core.sched.hasReady() {
 			e.cond.Wait()
 		}
 		if e.stopping {
@@ -360,7 +360,7 @@ func (e *Engine) worker(ctx context.Context) {
 			w = e.signed[0]
 			e.signed[0] = nil
 			e.signed = e.signed[1:]
-		} else if w = e.core.startWork(e.core.popReady(), e.clock.Now()); w == nil {
+		} else if w = e.core.startWork(e.core.sched.popReady(), e.clock.Now()); w == nil {
 			continue
 		} else if bs, ok := e.opts.Client.(BatchSigner); ok && batchable(w) {
 			if !e.signTogether(bs, w) {
@@ -373,7 +373,7 @@ func (e *Engine) worker(ctx context.Context) {
 		if e.stopping {
 			return
 		}
-		e.core.encoded(w, body)
+		w.encoded(body)
 		e.core.finishWork(w, st, err, e.clock.Now())
 		e.afterLocked()
 	}
@@ -385,11 +385,14 @@ func (e *Engine) worker(ctx context.Context) {
 // wait, with more than half its PushTimeout left. (A signed renewal was counted against its
 // namespace's bound when it was started, so sending it takes nothing more from the queue.) A change then does not queue behind a batch of renewals, and no
 // renewal waits so long that its own deadline ends it. e.mu is held.
+//
+// The decision reads the engine's clock: the signed renewal was started (sentAt) PushTimeout
+// before its socket deadline, so "half its PushTimeout left" is "half of it passed since sentAt".
 func (e *Engine) takeSigned() bool {
 	if len(e.signed) == 0 {
 		return false
 	}
-	return !e.core.hasUrgent() || time.Until(e.signed[0].deadline) <= e.opts.PushTimeout/2
+	return !e.core.sched.hasUrgent() || e.clock.Since(e.signed[0].sentAt) >= e.opts.PushTimeout/2
 }
 
 // maxSignBatch bounds the renewals one worker starts and signs together.
@@ -409,7 +412,7 @@ func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
 	// Every request of the batch ends PushTimeout after it was started, not after a worker
 	// takes it up: a push can land only within the land window of its start (sentAt), which
 	// the ledger relies on (docs/protocol.md §4).
-	deadline := time.Now().Add(e.opts.PushTimeout)
+	deadline := socketDeadline(e.opts.PushTimeout)
 	for _, b := range batch {
 		b.deadline = deadline
 	}
@@ -432,17 +435,17 @@ func (e *Engine) signTogether(bs BatchSigner, w *work) bool {
 }
 
 // do sends one request, bounded by PushTimeout, and records its metrics. For a push through an
-// EncodedPusher it returns the JSON sent, for the version to reuse (core.encoded). The bound is
+// EncodedPusher it returns the JSON sent, for the version to reuse (work.encoded). The bound is
 // the request context's deadline: with a timer (context.WithTimeout) unless the client ends a
 // request at its deadline by itself (DeadlineBounded, requestContext).
 func (e *Engine) do(ctx context.Context, w *work) (*assignment.State, []byte, error) {
 	deadline := w.deadline
 	if deadline.IsZero() {
-		deadline = time.Now().Add(e.opts.PushTimeout)
+		deadline = socketDeadline(e.opts.PushTimeout)
 	}
 	rctx, cancel := requestContext(ctx, e.opts.Client, deadline)
 	defer cancel()
-	start := time.Now()
+	start := time.Now() // the request's latency, for its metric: measured on the wire's clock, as its deadline
 	var st *assignment.State
 	var err error
 	body, to := w.body, w.to

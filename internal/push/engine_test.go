@@ -18,6 +18,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // engineRig is an Engine with in-process agents on loopback, on a fake clock: leases, renewals,
@@ -46,7 +47,7 @@ func newRig(t *testing.T, n int, clk *testingclock.FakeClock, agents []*testAgen
 		r.agents = append(r.agents, newTestAgent(t, clk.Now, fmt.Sprintf("%s/p%d", qKey.Namespace, len(r.agents))))
 	}
 	o := Options{
-		Client:      NewSigningClient(&http.Client{}, testKeys(t)),
+		Client:      keys.NewSigningClient(&http.Client{}, testKeys(t)),
 		Epoch:       r.rec.take(epoch),
 		Record:      r.rec,
 		Clock:       clk,
@@ -311,7 +312,7 @@ func TestEngineStartRetriesEpochAndStops(t *testing.T) {
 	var calls atomic.Int32
 	clk := testingclock.NewFakeClock(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
 	e, err := New(Options{
-		Client: NewSigningClient(nil, testKeys(t)),
+		Client: keys.NewSigningClient(nil, testKeys(t)),
 		Clock:  clk,
 		Epoch: EpochFunc(func(context.Context) (int64, error) {
 			if calls.Add(1) < 3 {
@@ -410,7 +411,7 @@ func metricValue(c prometheus.Collector) float64 {
 func TestEngineStartRefusesAnEpochBelowOne(t *testing.T) {
 	for _, epoch := range []int64{0, -3} {
 		e, err := New(Options{
-			Client: NewSigningClient(nil, testKeys(t)),
+			Client: keys.NewSigningClient(nil, testKeys(t)),
 			Epoch:  EpochFunc(func(context.Context) (int64, error) { return epoch, nil }),
 		})
 		if err != nil {
@@ -463,7 +464,7 @@ func TestEngineBatchSignaturesOnlyWhereAdvertised(t *testing.T) {
 			t.Errorf("agent %d: no renewal of three signed in a batch with the others", i)
 		}
 	}
-	c := r.e.opts.Client.(*SigningClient)
+	c := r.e.opts.Client.(*keys.SigningClient)
 	if signed, sigs := c.SignStats(); sigs >= signed {
 		t.Errorf("signed %d requests with %d signatures", signed, sigs)
 	}

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -36,8 +37,8 @@ type ConfigMapEpoch struct {
 	Writer client.Writer
 	// Namespace is the manager's namespace; Name defaults to DefaultEpochConfigMap.
 	Namespace, Name string
-	// Now is the clock for a new counter; nil means time.Now.
-	Now func() time.Time
+	// Clock starts a new counter; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // NextEpoch implements EpochSource.
@@ -51,8 +52,8 @@ func (s *ConfigMapEpoch) NextEpoch(ctx context.Context) (int64, error) {
 	}
 	key := types.NamespacedName{Namespace: s.Namespace, Name: name}
 	now := time.Now
-	if s.Now != nil {
-		now = s.Now
+	if s.Clock != nil {
+		now = s.Clock.Now
 	}
 	var lastErr error
 	for attempt := 0; attempt < 20; attempt++ {

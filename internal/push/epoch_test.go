@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -20,7 +21,7 @@ func TestConfigMapEpoch(t *testing.T) {
 	ctx := context.Background()
 	now := time.UnixMilli(1_780_000_000_000)
 	c := fake.NewClientBuilder().Build()
-	s := &ConfigMapEpoch{Reader: c, Writer: c, Namespace: "apportion-system", Now: func() time.Time { return now }}
+	s := &ConfigMapEpoch{Reader: c, Writer: c, Namespace: "apportion-system", Clock: testingclock.NewFakePassiveClock(now)}
 
 	first, err := s.NextEpoch(ctx)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/h1"
+	"github.com/apportion/apportion/internal/keys"
 )
 
 // The hostile-pods scenario (docs/protocol.md §6, "Fair under hostile pods"; figures in
@@ -198,7 +199,7 @@ func runHostile(t *testing.T, nHostile int, window time.Duration) hostileResult 
 	hc := h1.NewClient()
 	hc.SetMaxIdlePerHost(1)
 	e, err := New(Options{
-		Client:     NewSigningClient(h1.HTTPClient{C: hc}, testKeys(t)),
+		Client:     keys.NewSigningClient(h1.HTTPClient{C: hc}, testKeys(t)),
 		Epoch:      rec.take(1),
 		Record:     rec,
 		Clock:      clk,

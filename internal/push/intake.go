@@ -88,21 +88,21 @@ func (c *core) setQuota(d DesiredQuota, now time.Time) {
 		e.terminating = dp.Terminating
 		e.safeDefault = max(dp.SafeDefault, 0)
 		e.maxRequestTimeout = max(e.maxRequestTimeout, rt)
-		c.markDirty(p)
+		c.marks.markDirty(p)
 		c.updateGone(p, now)
 	}
 	for _, e := range q.entryList() {
 		if !seen[e.pod.uid] && e.present {
 			e.present = false
 			changed = true
-			c.markDirty(e.pod)
+			c.marks.markDirty(e.pod)
 			c.updateGone(e.pod, now)
 		}
 	}
 	if changed {
 		q.changeAt, q.rebalancing = now, true
 	}
-	c.markQuota(q)
+	c.marks.markQuota(q)
 	c.flush(now)
 }
 
@@ -119,7 +119,7 @@ func (c *core) updateGone(p *podState, now time.Time) {
 		return
 	}
 	for _, e := range p.entryList() {
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
 }
 
@@ -139,7 +139,7 @@ func (c *core) deleteQuota(key types.NamespacedName, now time.Time) {
 	for _, e := range q.entryList() {
 		if e.present {
 			e.present = false
-			c.markDirty(e.pod)
+			c.marks.markDirty(e.pod)
 		}
 	}
 	for _, e := range q.entryList() {
@@ -149,7 +149,7 @@ func (c *core) deleteQuota(key types.NamespacedName, now time.Time) {
 		}
 		c.updateGone(p, now)
 	}
-	c.markQuota(q)
+	c.marks.markQuota(q)
 	c.flush(now)
 }
 
@@ -172,7 +172,7 @@ func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
 			p.goneAt = now
 		}
 		for _, pe := range p.entryList() {
-			c.markQuota(pe.quota)
+			c.marks.markQuota(pe.quota)
 		}
 	}
 }
@@ -180,7 +180,7 @@ func (c *core) reviveQuota(q *quotaState, d DesiredQuota, now time.Time) {
 // forgetQuota drops a deleted quota once its ledger is empty.
 func (c *core) forgetQuota(q *quotaState) {
 	delete(c.quotas, q.key)
-	delete(c.changed, q.key)
+	delete(c.reports.changed, q.key)
 	if c.metrics != nil {
 		c.metrics.forget(q.key)
 	}

@@ -10,9 +10,54 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 )
 
-// This file holds the ledger's records and the one function that turns them into what a pod
-// may be using: held. The argument for why held is an upper bound is in docs/protocol.md
-// ("Why Σ ≤ limit holds"); the comments here point at its steps.
+// This file holds the ledger: its records (quotaState, entry, podState, version) and the type
+// whose methods turn them into what a pod may be using (held, counted) and into grants
+// (regrant). The argument for why held is an upper bound is in docs/protocol.md ("Why Σ ≤ limit
+// holds"); the comments here point at its steps.
+
+// ledger is, per quota, what every pod may be using and what it is granted. Its invariant is
+// docs/protocol.md §11's theorem: for every quota, Σ over its entries of counted ≤ the quota's
+// Limit whenever a plan raised anyone (plans raise only into room the ledger shows free; time and
+// reports only lower what is counted), so the permits live pods really hold never sum above the
+// limit. counted = carry + max(held, phantom, grant) bounds what one pod may be using for the
+// quota, now or later unless the engine sends it something new (§4, Lemma 3): the calls it
+// reported in flight for a request timeout, every version it may hold until its lease bound plus
+// a request timeout and then its fallback, another manager's or a forgotten generation's holdings,
+// the safe default of a pod that may run on one unseen (phantom), the calls a restarted agent's
+// previous process may still run (carry), and the grant decided for it but perhaps not sent yet
+// (Lemma 4: nothing is sent before its grant is counted).
+//
+// The ledger does no I/O and reads no clock; the core calls it under the engine's lock. The
+// records it reads are the core's (quotas, pods); the ledger holds what its bounds depend on
+// besides them: when this engine started (the windows of a previous manager's pushes) and
+// whether it was fenced (then it raises nobody).
+type ledger struct {
+	opts *Options
+
+	epoch     int64     // the epoch this engine pushes (begin): the ledger's versions are its generations
+	started   bool      // the engine knows its epoch (begin); before, nothing is raised
+	startedAt time.Time // when it began: a previous manager stopped pushing before
+	fenced    bool      // a newer manager holds the epoch record (claims.go): raise nobody
+
+	// afterPlan, when set (tests), sees every plan: its input and the grants it decided.
+	afterPlan func(key types.NamespacedName, limit int32, recovering bool, in []planEntry, grants []int32)
+}
+
+// begin fixes the epoch and starts the ledger's recovery: no quota raises anyone above what it is
+// counted at until recoverUntil, and pods seen before now may hold a previous manager's pushes.
+func (l *ledger) begin(epoch int64, now time.Time) {
+	l.epoch, l.started, l.startedAt = epoch, true, now
+}
+
+// recoverUntil is when a quota's recovery window ends: a lease the previous manager started
+// just before this one started has lapsed and its calls have ended.
+func (l *ledger) recoverUntil(q *quotaState) time.Time {
+	return l.foreignLeaseEnd().Add(q.maxRequestTimeout)
+}
+
+func (l *ledger) recovering(q *quotaState, now time.Time) bool {
+	return !l.started || now.Before(l.recoverUntil(q))
+}
 
 // hold is what one version of a pod's assignment gives one downstream.
 type hold struct {
@@ -268,11 +313,11 @@ func (p *podState) version(gen int64) *version {
 //   - When an agent restarted, the calls of its previous process may still run for a request
 //     timeout, on top of what the new process admits: the bound before the restart is carried
 //     and added.
-func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time.Time) {
+func (l *ledger) held(e *entry, now time.Time) (n, phantom, carry int32, next time.Time) {
 	p := e.pod
 	name := e.quota.key.Name
 	gone := !p.goneAt.IsZero() && !p.orphaned
-	window := c.opts.leaseWindow()
+	window := l.opts.leaseWindow()
 	// count adds val while now < end (forever when end is zero) and notes when it drops.
 	count := func(val int32, end time.Time) {
 		if val <= 0 {
@@ -325,7 +370,7 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 			}
 		}
 	}
-	if (!p.known && p.hadEndpoint() && (p.bootstrap || c.mayPredate(p))) || c.mayHoldLateForeign(p) {
+	if (!p.known && p.hadEndpoint() && (p.bootstrap || l.mayPredate(p))) || l.mayHoldLateForeign(p) {
 		if !gone {
 			phantom = max(phantom, e.safeDefault)
 		} else if end := p.goneAt.Add(window + e.maxRequestTimeout); now.Before(end) {
@@ -342,30 +387,30 @@ func (c *core) held(e *entry, now time.Time) (n, phantom, carry int32, next time
 
 // foreignLandEnd is when the last push of a previous manager may land by: it stopped pushing
 // before this engine started (leader election), so engine start + landWindow.
-func (c *core) foreignLandEnd() time.Time { return c.startedAt.Add(c.opts.landWindow()) }
+func (l *ledger) foreignLandEnd() time.Time { return l.startedAt.Add(l.opts.landWindow()) }
 
 // foreignLeaseEnd is when the last lease of a previous manager may end by: engine start +
 // leaseWindow.
-func (c *core) foreignLeaseEnd() time.Time { return c.startedAt.Add(c.opts.leaseWindow()) }
+func (l *ledger) foreignLeaseEnd() time.Time { return l.startedAt.Add(l.opts.leaseWindow()) }
 
 // mayHoldLateForeign says whether the pod may hold an assignment of a previous manager that the
 // engine has not seen: its last report came before foreignLandEnd (engine start + landWindow: a
 // push the previous manager sent before this engine started may land until then) and it has not
 // acknowledged this epoch (which would fence such a push off). Its lease has lapsed by the end of
 // recovery; then it runs on a fallback, at most its safe default.
-func (c *core) mayHoldLateForeign(p *podState) bool {
-	return c.started && p.known && p.ackedGen == 0 && p.reportAt.Before(c.foreignLandEnd())
+func (l *ledger) mayHoldLateForeign(p *podState) bool {
+	return l.started && p.known && p.ackedGen == 0 && p.reportAt.Before(l.foreignLandEnd())
 }
 
 // mayPredate says whether a previous manager may have configured the pod: the engine saw it
 // with an endpoint before foreignLandEnd (or has not started).
-func (c *core) mayPredate(p *podState) bool {
-	return !c.started || p.endpointSince.Before(c.foreignLandEnd())
+func (l *ledger) mayPredate(p *podState) bool {
+	return !l.started || p.endpointSince.Before(l.foreignLandEnd())
 }
 
 // counted is what the ledger counts for the entry now.
-func (c *core) counted(e *entry, now time.Time) int32 {
-	n, phantom, carry, _ := c.held(e, now)
+func (l *ledger) counted(e *entry, now time.Time) int32 {
+	n, phantom, carry, _ := l.held(e, now)
 	return carry + max(n, phantom, e.grant)
 }
 

@@ -132,7 +132,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// signCounter is a client that counts its signatures (SigningClient).
+// signCounter is a client that counts its signatures (keys.SigningClient).
 type signCounter interface {
 	SignStats() (requests, signatures int64)
 }

@@ -215,8 +215,8 @@ func (h *harness) advance(d time.Duration) {
 // start pops every ready pod and starts its request.
 func (h *harness) start() []*work {
 	var ws []*work
-	for h.c.hasReady() {
-		if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+	for h.c.sched.hasReady() {
+		if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 			ws = append(ws, w)
 			h.sent = append(h.sent, w)
 		}
@@ -315,7 +315,7 @@ func (h *harness) pushesTo(endpoint string) []int32 {
 }
 
 func (h *harness) report(ns, name string) Report {
-	return h.c.report(types.NamespacedName{Namespace: ns, Name: name}, h.now)
+	return h.c.reports.report(types.NamespacedName{Namespace: ns, Name: name}, h.now)
 }
 
 // checkLedger asserts Σ counted ≤ limit for every quota, leaving out what the engine does not
@@ -328,11 +328,11 @@ func (h *harness) checkLedger() {
 	for key, q := range h.c.quotas {
 		var sum int64
 		for _, e := range q.entries {
-			hd, _, _, _ := h.c.held(e, h.now)
+			hd, _, _, _ := h.c.ledger.held(e, h.now)
 			sum += int64(max(hd, e.grant))
 		}
 		if sum > int64(q.desired.Limit) {
-			h.t.Fatalf("%s: ledger %d > limit %d at %s: %+v", key, sum, q.desired.Limit, h.now.Format("15:04:05.000"), h.c.report(key, h.now).Holdings)
+			h.t.Fatalf("%s: ledger %d > limit %d at %s: %+v", key, sum, q.desired.Limit, h.now.Format("15:04:05.000"), h.c.reports.report(key, h.now).Holdings)
 		}
 	}
 }

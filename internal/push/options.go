@@ -29,7 +29,7 @@ const (
 )
 
 // AgentClient is the manager's side of the agents' control API. *assignment.Client and
-// *SigningClient implement it.
+// *keys.SigningClient implement it.
 //
 // Push PUTs an Assignment and returns the agent's State on success, an error wrapping
 // *assignment.StaleError (with the agent's State) when the agent holds a newer
@@ -45,7 +45,7 @@ type AgentClient interface {
 }
 
 // EncodedPusher is an AgentClient that can send an assignment already validated and encoded
-// (body is json.Marshal(a)); *assignment.Client and *SigningClient implement it. The engine then
+// (body is json.Marshal(a)); *assignment.Client and *keys.SigningClient implement it. The engine then
 // validates and encodes each version once per agent process, and a renewal re-sends the same
 // bytes, signed anew.
 type EncodedPusher interface {
@@ -53,7 +53,7 @@ type EncodedPusher interface {
 }
 
 // BatchSigner is an EncodedPusher that can sign several pushes with one signature and then send
-// each (*SigningClient). The engine signs the renewals that are ready at the same moment
+// each (*keys.SigningClient). The engine signs the renewals that are ready at the same moment
 // together (docs/protocol.md §10, "Batch signatures"), each to an agent that advertised
 // assignment.CapabilityBatchSignatures.
 type BatchSigner interface {

@@ -208,7 +208,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			fail("a grant raised the ledger to %d > limit %d", sum, lim)
 		}
 	}
-	h.c.afterPlan = planHook
+	h.c.ledger.afterPlan = planHook
 	quietHook := func(p *podState, before, after []int32) {
 		stats.quiet++
 		if !slices.Equal(before, after) {
@@ -217,9 +217,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	}
 	h.c.onQuiet = quietHook
 	h.check = func() {
-		if h.c.started {
+		if h.c.ledger.started {
 			if tracing {
-				r := h.c.report(qKey, h.now)
+				r := h.c.reports.report(qKey, h.now)
 				if r.Ledger != prevLedger {
 					t.Logf("step %d %s +%s ledger %d -> %d", step, lastMsg, since(), prevLedger, r.Ledger)
 					for _, x := range r.Holdings {
@@ -253,7 +253,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 						ag.cur.epoch, ag.cur.gen, lim, own, other, ag.cur.leaseValid(h.now), ag.cur.acceptedAt.Sub(t0))
 				}
 			}
-			t.Logf("  ledger: %+v", h.c.report(qKey, h.now).Holdings)
+			t.Logf("  ledger: %+v", h.c.reports.report(qKey, h.now).Holdings)
 			fail("pods really hold %d > limit %d", a, limit)
 		}
 	}
@@ -364,7 +364,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				_, _ = deliver(w.to.URL, p.proc, w.assignment)
 			}
 			fake := *ag.cur.state(h.now)
-			fake.Epoch = []int64{1<<53 - 1, p.c.epoch + 1, p.c.epoch + 1 + rng.Int64N(1<<40)}[rng.IntN(3)]
+			fake.Epoch = []int64{1<<53 - 1, p.c.ledger.epoch + 1, p.c.ledger.epoch + 1 + rng.Int64N(1<<40)}[rng.IntN(3)]
 			fake.Generation = 1 + rng.Int64N(1<<53-1)
 			switch rng.IntN(3) {
 			case 0:
@@ -379,8 +379,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		if p.c == h.c {
 			if w.kind == kindPush && w.body == nil {
 				// The engine encodes a push once per version and agent process, and reuses the
-				// bytes for the renewals (core.encoded): what makes a renewal batchable.
-				p.c.encoded(w, fmt.Appendf(nil, "g%d", w.assignment.Generation))
+				// bytes for the renewals (work.encoded): what makes a renewal batchable.
+				w.encoded(fmt.Appendf(nil, "g%d", w.assignment.Generation))
 			}
 			p.c.finishWork(w, st, err, h.now)
 			p.c.flush(h.now)
@@ -441,7 +441,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				}
 			}
 			inflight = keep
-			if h.c.started {
+			if h.c.ledger.started {
 				h.c.advance(h.now)
 			}
 			h.check()
@@ -482,7 +482,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	// readRecord is the Engine's read of the epoch record, which holds the running manager's
 	// epoch (no newer manager exists), or fails.
 	readRecord := func() {
-		upTo, ok := h.c.pendingClaim()
+		upTo, ok := h.c.claims.pendingClaim()
 		if !ok {
 			return
 		}
@@ -490,9 +490,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		if rng.IntN(4) == 0 {
 			err = errors.New("etcdserver: request timed out")
 		}
-		before := len(h.c.claimants)
-		h.c.recordRead(upTo, epoch, err, h.now)
-		stats.refuted += before - len(h.c.claimants)
+		before := len(h.c.claims.claimants)
+		h.c.claims.recordRead(upTo, epoch, err, h.now)
+		stats.refuted += before - len(h.c.claims.claimants)
 		h.c.flush(h.now)
 		h.check()
 	}
@@ -576,7 +576,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			}
 			inflight = nil
 			h.c = newCore(&h.o, nil)
-			h.c.afterPlan = planHook
+			h.c.ledger.afterPlan = planHook
 			h.c.onQuiet = quietHook
 			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
 			epoch += int64(1 + rng.IntN(3))
@@ -587,8 +587,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			readRecord()
 		case r < 55:
 			lastMsg = "start requests"
-			for h.c.hasReady() {
-				if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+			for h.c.sched.hasReady() {
+				if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 					inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 					// As the engine does (Engine.signTogether): a batchable renewal starts the
 					// other renewals ready with it, to be signed together.
@@ -619,7 +619,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			tick(time.Duration(5+rng.IntN(40)) * time.Second)
 		}
 		h.check()
-		if h.c.fenced {
+		if h.c.ledger.fenced {
 			fail("fenced: epochs only grow")
 		}
 	}
@@ -636,8 +636,8 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		for range 4 { // decides every claim (a read may fail)
 			readRecord()
 		}
-		for h.c.hasReady() {
-			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+		for h.c.sched.hasReady() {
+			if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 				inflight = append(inflight, pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc})
 			}
 		}
@@ -650,20 +650,20 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	// A grant decided during that quiet spell may meet an agent that restarted unnoticed: its old
 	// process is carried for a request timeout before the new one gets the room. Allow for it.
 	for i := 0; i < int((hRT+10*time.Second)/(100*time.Millisecond)); i++ {
-		if i >= 50 && h.c.report(qKey, h.now).Converged {
+		if i >= 50 && h.c.reports.report(qKey, h.now).Converged {
 			break
 		}
 		tick(100 * time.Millisecond)
 		for range 4 {
 			readRecord()
 		}
-		for h.c.hasReady() {
-			if w := h.c.startWork(h.c.popReady(), h.now); w != nil {
+		for h.c.sched.hasReady() {
+			if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
 				complete(pending{w: w, c: h.c, proc: agents[w.to.URL].proc}, ok)
 			}
 		}
 	}
-	rep := h.c.report(qKey, h.now)
+	rep := h.c.reports.report(qKey, h.now)
 	if !rep.Converged {
 		fail("did not converge once healed: %+v", rep)
 	}

@@ -1,7 +1,6 @@
 package push
 
 import (
-	"container/heap"
 	"slices"
 	"time"
 
@@ -11,23 +10,23 @@ import (
 // This file holds the glue between the ledger and the planner: what each entry is steered to,
 // whether it may be raised, replan (ledger → plan → grants) and when a rebalance is done.
 
-func (c *core) unreachable(p *podState) bool { return p.failures >= c.opts.UnreachableAfter }
+func (l *ledger) unreachable(p *podState) bool { return p.failures >= l.opts.UnreachableAfter }
 
 // target is what the planner steers an entry to.
-func (c *core) target(e *entry) int32 {
+func (l *ledger) target(e *entry) int32 {
 	p := e.pod
 	if !e.present || e.terminating || !p.known || p.endpoint == "" {
 		return 0
 	}
-	if c.unreachable(p) {
+	if l.unreachable(p) {
 		return assignment.LapsedLimit(e.grant, e.safeDefault, e.quota.desired.Downstream.FailClosed)
 	}
 	return max(e.desired.Permits, 0)
 }
 
-func (c *core) canRaise(e *entry) bool {
+func (l *ledger) canRaise(e *entry) bool {
 	p := e.pod
-	return c.started && !c.fenced && e.present && !e.terminating && p.known && p.endpoint != "" && !c.unreachable(p)
+	return l.started && !l.fenced && e.present && !e.terminating && p.known && p.endpoint != "" && !l.unreachable(p)
 }
 
 // replan recomputes one quota's grants from its ledger, releases the entries of pods that left
@@ -41,66 +40,75 @@ func (c *core) replan(q *quotaState, now time.Time) {
 	entries := q.entryList()
 	var next time.Time
 	counts := make([]int32, len(entries)) // what each entry counts after planning; -1 if released
-	if c.started {
-		pe := make([]planEntry, len(entries))
-		for i, e := range entries {
-			h, ph, carry, nx := c.held(e, now)
-			next = minTime(next, nx)
-			pe[i] = c.planEntry(e, h, ph, carry)
-		}
-		recovering := c.recovering(q, now)
-		if recovering {
-			next = minTime(next, c.recoverUntil(q))
-		}
-		grants := plan(q.desired.Limit, recovering, pe)
-		if c.afterPlan != nil {
-			c.afterPlan(q.key, q.desired.Limit, recovering, slices.Clone(pe), grants)
-		}
-		released := false
-		for i, e := range entries {
-			if grants[i] != e.grant {
-				e.grant = grants[i]
-				c.markDirty(e.pod)
-			}
-			pe[i].Grant = e.grant
-			counts[i] = pe[i].counted()
-			if !e.present && counts[i] == 0 {
-				delete(q.entries, e.pod.uid)
-				delete(e.pod.entries, q.key)
-				c.markDirty(e.pod)
-				counts[i] = -1
-				released = true
-			}
-		}
-		if released {
-			q.resort = true
-		}
+	if c.ledger.started {
+		next = c.ledger.regrant(q, entries, counts, now, c.marks.markDirty)
 		if q.deleted && len(q.entries) == 0 {
 			c.forgetQuota(q)
 			return
 		}
 	}
-	if !next.IsZero() && !next.Equal(q.wakeAt) {
-		heap.Push(&c.timers, timerItem{at: next, quota: q})
-	}
-	q.wakeAt = next
-	if q.rebalancing && c.started && c.rebalanceDone(q) {
+	c.sched.wakeQuota(q, next)
+	if q.rebalancing && c.ledger.started && c.ledger.rebalanceDone(q) {
 		q.rebalancing = false
 		q.lastRebalance = now.Sub(q.changeAt)
 	}
-	c.noteReport(q, now, entries, counts)
+	c.reports.noteReport(q, now, entries, counts)
 }
 
-func (c *core) planEntry(e *entry, h, ph, carry int32) planEntry {
-	return planEntry{Name: e.pod.name, Grant: e.grant, Target: c.target(e), Held: h, Phantom: ph, Carry: carry, CanRaise: c.canRaise(e)}
+// regrant plans q's grants from what its entries (q.entryList()) are counted at now and
+// reserves them in the ledger: a raise only into room the plan found free (§5, Lemma 5), so Σ
+// counted ≤ Limit after any raise. It releases the entries of pods that left the quota and count
+// nothing any more, and calls touched for every pod whose grant changed or that was released
+// (its content must be rebuilt). counts gets what each entry counts after planning (-1 if
+// released); it returns the earliest later time at which a count may drop by itself (zero if
+// none). Only once the ledger started.
+func (l *ledger) regrant(q *quotaState, entries []*entry, counts []int32, now time.Time, touched func(*podState)) (next time.Time) {
+	pe := make([]planEntry, len(entries))
+	for i, e := range entries {
+		h, ph, carry, nx := l.held(e, now)
+		next = minTime(next, nx)
+		pe[i] = l.planEntry(e, h, ph, carry)
+	}
+	recovering := l.recovering(q, now)
+	if recovering {
+		next = minTime(next, l.recoverUntil(q))
+	}
+	grants := plan(q.desired.Limit, recovering, pe)
+	if l.afterPlan != nil {
+		l.afterPlan(q.key, q.desired.Limit, recovering, slices.Clone(pe), grants)
+	}
+	released := false
+	for i, e := range entries {
+		if grants[i] != e.grant {
+			e.grant = grants[i]
+			touched(e.pod)
+		}
+		pe[i].Grant = e.grant
+		counts[i] = pe[i].counted()
+		if !e.present && counts[i] == 0 {
+			delete(q.entries, e.pod.uid)
+			delete(e.pod.entries, q.key)
+			touched(e.pod)
+			counts[i] = -1
+			released = true
+		}
+	}
+	if released {
+		q.resort = true
+	}
+	return next
+}
+
+func (l *ledger) planEntry(e *entry, h, ph, carry int32) planEntry {
+	return planEntry{Name: e.pod.name, Grant: e.grant, Target: l.target(e), Held: h, Phantom: ph, Carry: carry, CanRaise: l.canRaise(e)}
 }
 
 // planInput is what replan would hand the planner for entries (a quota's entry list) now.
-func (c *core) planInput(entries []*entry, now time.Time) []planEntry {
+func (l *ledger) planInput(entries []*entry, now time.Time) []planEntry {
 	pe := make([]planEntry, len(entries))
 	for i, e := range entries {
-		h, ph, carry, _ := c.held(e, now)
-		pe[i] = c.planEntry(e, h, ph, carry)
+		h, ph, carry, _ := l.held(e, now)
+		pe[i] = l.planEntry(e, h, ph, carry)
 	}
 	return pe
 }
@@ -140,9 +148,9 @@ func synced(e *entry) bool {
 	return want == 0 && p.known && !p.configured && len(p.versions) == 0
 }
 
-func (c *core) rebalanceDone(q *quotaState) bool {
+func (l *ledger) rebalanceDone(q *quotaState) bool {
 	for _, e := range q.entries {
-		if e.present && e.pod.endpoint != "" && !c.unreachable(e.pod) && !synced(e) {
+		if e.present && e.pod.endpoint != "" && !l.unreachable(e.pod) && !synced(e) {
 			return false
 		}
 	}

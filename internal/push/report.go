@@ -13,18 +13,35 @@ import (
 // This file holds reporting: Report for a quota's status, change detection for OnChange,
 // Events, and how many pods acknowledged a degrade switch.
 
+// reports is what the controllers read of the engine: a quota's Report (from the ledger), the
+// quotas whose Report changed since the last takeChanged (noteReport detects a change by a hash
+// of what Report shows, at every replan), the Events raised since the last takeEvents, in order,
+// and how many pods acknowledged a degrade switch. It reads the core's records and the ledger and
+// changes neither.
+type reports struct {
+	ledger  *ledger
+	metrics *metrics                             // nil in pure tests
+	quotas  map[types.NamespacedName]*quotaState // the core's
+	pods    map[types.UID]*podState              // the core's
+
+	// changed collects quotas whose Report changed, for OnChange.
+	changed map[types.NamespacedName]struct{}
+	// events collects Events for OnEvent, in order.
+	events []Event
+}
+
 // report is what Report returns for one quota.
-func (c *core) report(key types.NamespacedName, now time.Time) Report {
-	q := c.quotas[key]
+func (rs *reports) report(key types.NamespacedName, now time.Time) Report {
+	q := rs.quotas[key]
 	r := Report{Recovering: true}
 	if q == nil {
 		return r
 	}
-	r.Recovering = c.recovering(q, now)
-	r.Converged = c.started && !c.fenced
+	r.Recovering = rs.ledger.recovering(q, now)
+	r.Converged = rs.ledger.started && !rs.ledger.fenced
 	for _, e := range q.entryList() {
-		counted := c.counted(e, now)
-		if !c.started {
+		counted := rs.ledger.counted(e, now)
+		if !rs.ledger.started {
 			counted = 0
 		}
 		r.Ledger += counted
@@ -34,7 +51,7 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 			InFlight: e.inflight, Synced: s, Gone: !e.present,
 			Waiting: e.waiting, RefusedNoPermit: e.refused, Lanes: e.lanes,
 		})
-		if c.unreachable(e.pod) {
+		if rs.ledger.unreachable(e.pod) {
 			r.Unreachable = append(r.Unreachable, e.pod.name)
 		}
 		if e.pod.misbehaving {
@@ -54,7 +71,7 @@ func (c *core) report(key types.NamespacedName, now time.Time) Report {
 
 // noteReport marks the quota changed when what Report shows (in-flight counts aside) changed,
 // and refreshes its metrics. counts[i] is what entries[i] counts now, -1 if it was released.
-func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts []int32) {
+func (rs *reports) noteReport(q *quotaState, now time.Time, entries []*entry, counts []int32) {
 	var sum uint64 = 14695981039346656037
 	mix := func(v uint64) {
 		sum ^= v
@@ -72,7 +89,7 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		if synced(e) {
 			flags |= 1
 		}
-		if c.unreachable(e.pod) {
+		if rs.ledger.unreachable(e.pod) {
 			flags |= 2
 			unreachable++
 		}
@@ -87,7 +104,7 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 		mix(flags)
 	}
 	var flags uint64
-	if c.recovering(q, now) {
+	if rs.ledger.recovering(q, now) {
 		flags |= 1
 	}
 	if q.rebalancing {
@@ -98,35 +115,35 @@ func (c *core) noteReport(q *quotaState, now time.Time, entries []*entry, counts
 	mix(uint64(q.lastRebalance))
 	if sum != q.summary {
 		q.summary = sum
-		c.changed[q.key] = struct{}{}
+		rs.changed[q.key] = struct{}{}
 	}
-	if c.metrics != nil {
-		c.metrics.observe(q.key, ledger, int64(q.desired.Limit), unreachable)
+	if rs.metrics != nil {
+		rs.metrics.observe(q.key, ledger, int64(q.desired.Limit), unreachable)
 	}
 }
 
-func (c *core) takeEvents() []Event {
-	ev := c.events
-	c.events = nil
+func (rs *reports) takeEvents() []Event {
+	ev := rs.events
+	rs.events = nil
 	return ev
 }
 
-func (c *core) takeChanged() []types.NamespacedName {
-	if len(c.changed) == 0 {
+func (rs *reports) takeChanged() []types.NamespacedName {
+	if len(rs.changed) == 0 {
 		return nil
 	}
-	out := make([]types.NamespacedName, 0, len(c.changed))
-	for k := range c.changed {
+	out := make([]types.NamespacedName, 0, len(rs.changed))
+	for k := range rs.changed {
 		out = append(out, k)
 	}
-	clear(c.changed)
+	clear(rs.changed)
 	return out
 }
 
 // switchApplied counts the pods whose content carries the switch and those whose agent
 // acknowledged it in exactly that form.
-func (c *core) switchApplied(name string) (applied, total int) {
-	for _, p := range c.pods {
+func (rs *reports) switchApplied(name string) (applied, total int) {
+	for _, p := range rs.pods {
 		if p.content == nil || p.endpoint == "" {
 			continue
 		}

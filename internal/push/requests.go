@@ -39,12 +39,13 @@ type work struct {
 	version    *version               // kindPush
 	// body is assignment's JSON when the version already has it for the assignment's instance
 	// (a renewal): the engine encodes a push once per version and agent process, and reuses it
-	// (core.encoded).
+	// (work.encoded).
 	body   []byte
 	sentAt time.Time
 	// to (the pod's endpoint then) and epoch are what the request is addressed to and signed
 	// for (read under the engine's lock); out is the push when it was signed in a batch before
-	// it was sent, and deadline (real time) when it ends: PushTimeout after it was started.
+	// it was sent, and deadline (real time, socketDeadline) when it ends: PushTimeout after it
+	// was started.
 	to       assignment.Endpoint
 	epoch    int64
 	out      *assignment.Outgoing
@@ -54,7 +55,7 @@ type work struct {
 	unproven bool
 }
 
-// startWork turns a ready pod (popReady) into a request. For a push it reserves the version in
+// startWork turns a ready pod (scheduler.popReady) into a request. For a push it reserves the version in
 // the ledger before anything is sent: from here on the agent may hold it. The request is held by
 // the pod's flow (readyQueue.acquire) until finishWork. nil for nil.
 func (c *core) startWork(p *podState, now time.Time) *work {
@@ -62,12 +63,12 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		return nil
 	}
 	p.queued = false
-	at, kind := c.due(p, now)
+	at, kind := c.sched.due(p, now)
 	if kind == kindNone || at.After(now) {
-		c.schedule(p, now)
+		c.sched.schedule(p, now)
 		return nil
 	}
-	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.epoch, unproven: p.band == bandUnproven,
+	w := &work{pod: p, kind: kind, sentAt: now, epoch: c.ledger.epoch, unproven: p.band == bandUnproven,
 		to: assignment.Endpoint{URL: p.endpoint, Pod: p.namespace + "/" + p.name}}
 	if kind == kindPush && p.failures == 0 && p.content.Generation == p.okGen && !p.renewAt.IsZero() {
 		c.renewalStarted(p, now.Sub(p.renewAt))
@@ -89,7 +90,7 @@ func (c *core) startWork(p *podState, now time.Time) *work {
 		}
 	}
 	p.busy = w
-	c.ready.acquire(p.namespace, w.unproven)
+	c.sched.ready.acquire(p.namespace, w.unproven)
 	return w
 }
 
@@ -124,9 +125,9 @@ func renewing(p *podState) bool {
 // leaves the other ready requests queued in theirs.
 func (c *core) startRenewals(limit int, now time.Time) []*work {
 	var out []*work
-	ok := func(p *podState) bool { return c.renewalReady(p, now) }
+	ok := func(p *podState) bool { return c.sched.renewalReady(p, now) }
 	for len(out) < limit {
-		p := c.ready.popRenewal(ok)
+		p := c.sched.ready.popRenewal(ok)
 		if p == nil {
 			break
 		}
@@ -138,14 +139,14 @@ func (c *core) startRenewals(limit int, now time.Time) []*work {
 }
 
 // renewalReady says whether a ready pod's request would be batchable once started.
-func (c *core) renewalReady(p *podState, now time.Time) bool {
+func (s *scheduler) renewalReady(p *podState, now time.Time) bool {
 	if !renewing(p) {
 		return false
 	}
 	if v := p.version(p.content.Generation); v == nil || v.body == nil || v.bodyInstance != p.instance {
 		return false
 	}
-	_, kind := c.due(p, now)
+	_, kind := s.due(p, now)
 	return kind == kindPush
 }
 
@@ -164,31 +165,33 @@ func landed(err error) bool {
 func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Time) {
 	p := w.pod
 	p.busy = nil
-	c.ready.release(p.namespace, w.unproven)
+	c.sched.ready.release(p.namespace, w.unproven)
 	if w.version != nil {
 		w.version.sendEnd = time.Time{}
 	}
-	if p.removed || c.fenced {
+	if p.removed || c.ledger.fenced {
 		return
 	}
 	var stale *assignment.StaleError
 	if !errors.As(err, &stale) {
 		stale = nil
 	}
-	if epoch := c.claimed(st, stale); epoch > 0 && (err == nil || stale != nil) {
+	if epoch := claimed(c.ledger.epoch, st, stale); epoch > 0 && (err == nil || stale != nil) {
 		// Not believed until the epoch record says so (claims.go), whatever the answer's shape.
-		c.claim(w, epoch, now)
+		if c.claims.claim(w, epoch, now) {
+			c.removePod(w.pod)
+		}
 		return
 	}
 	switch {
-	case err == nil && st != nil && c.quietRenewal(w, st):
+	case err == nil && st != nil && quietRenewal(c.ledger.epoch, w, st):
 		c.renewQuietly(w, st, now)
 		return
 	case err == nil && st != nil:
 		if w.kind == kindPush {
 			w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-			p.renewAt = c.nextRenewal(w.sentAt)
-			if st.Epoch == c.epoch && st.Generation == w.version.gen {
+			p.renewAt = c.sched.nextRenewal(w.sentAt)
+			if st.Epoch == c.ledger.epoch && st.Generation == w.version.gen {
 				p.okGen = w.version.gen
 			}
 		}
@@ -206,30 +209,30 @@ func (c *core) finishWork(w *work, st *assignment.State, err error, now time.Tim
 			w.version.failEnd = maxTime(w.version.failEnd, w.sentAt.Add(c.opts.leaseWindow()))
 		}
 		p.failures++
-		p.retryAt = now.Add(c.backoff(p.failures))
+		p.retryAt = now.Add(c.sched.backoff(p.failures))
 		lvl := 1
 		if p.failures == c.opts.UnreachableAfter {
 			lvl = 0
 		}
 		c.log.V(lvl).Info("agent request failed", "pod", p.namespace+"/"+p.name, "endpoint", w.to.URL,
 			"request", w.kind.String(), "failures", p.failures, "error", err.Error())
-		if len(p.entries) == 0 && c.unreachable(p) {
+		if len(p.entries) == 0 && c.ledger.unreachable(p) {
 			c.removePod(p)
 			return
 		}
 	}
-	if c.fenced {
+	if c.ledger.fenced {
 		return
 	}
 	for _, e := range p.entries {
-		c.markQuota(e.quota)
+		c.marks.markQuota(e.quota)
 	}
-	c.markDirty(p)
+	c.marks.markDirty(p)
 }
 
 // encoded notes the JSON the request sent (encoded outside the lock, by the Engine's worker) so
 // that the version's next send to the same agent process reuses it.
-func (c *core) encoded(w *work, body []byte) {
+func (w *work) encoded(body []byte) {
 	if w.version != nil && body != nil {
 		w.version.body, w.version.bodyInstance = body, w.assignment.Instance
 	}
@@ -245,14 +248,14 @@ func (c *core) encoded(w *work, body []byte) {
 // larger, so it stays what it was; the lease bound of the version only moves later, which can
 // only keep what the ledger counts. So the answer needs no replan of the pod's quotas and no
 // rebuild of its content; renewQuietly notes it.
-func (c *core) quietRenewal(w *work, st *assignment.State) bool {
+func quietRenewal(epoch int64, w *work, st *assignment.State) bool {
 	p := w.pod
 	if w.kind != kindPush || w.version == nil || !p.known || p.dirty || p.failures > 0 || p.foreign != nil || p.content == nil {
 		return false
 	}
 	g := w.version.gen
-	if st.Epoch != c.epoch || st.Generation != g || p.ackedGen != g || p.okGen != g || p.content.Generation != g ||
-		p.lastEpoch != c.epoch || p.lastGen != g {
+	if st.Epoch != epoch || st.Generation != g || p.ackedGen != g || p.okGen != g || p.content.Generation != g ||
+		p.lastEpoch != epoch || p.lastGen != g {
 		return false
 	}
 	if st.Instance == "" || st.Instance != p.instance || !st.Configured || !p.configured {
@@ -290,10 +293,10 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 	p := w.pod
 	var before []int32
 	if c.onQuiet != nil {
-		before = c.quietCounts(p, now)
+		before = c.ledger.quietCounts(p, now)
 	}
 	w.version.okEnd = maxTime(w.version.okEnd, now.Add(c.opts.LeaseTTL))
-	p.renewAt = c.nextRenewal(w.sentAt)
+	p.renewAt = c.sched.nextRenewal(w.sentAt)
 	p.retryAt = time.Time{}
 	p.reportAt = now
 	p.pollAt = now.Add(c.opts.DrainPoll)
@@ -304,22 +307,22 @@ func (c *core) renewQuietly(w *work, st *assignment.State, now time.Time) {
 		c.metrics.quietRenewals.Inc()
 	}
 	if c.onQuiet != nil {
-		c.onQuiet(p, before, c.quietCounts(p, now))
+		c.onQuiet(p, before, c.ledger.quietCounts(p, now))
 	}
-	c.schedule(p, now)
+	c.sched.schedule(p, now)
 }
 
 // quietCounts is, for tests of quiet renewals, what each of the pod's entries is counted at and
 // would be granted by a plan of its quota now, in the order of the pod's entry list.
-func (c *core) quietCounts(p *podState, now time.Time) []int32 {
+func (l *ledger) quietCounts(p *podState, now time.Time) []int32 {
 	var out []int32
 	for _, e := range p.entryList() {
 		entries := e.quota.entryList()
-		pe := c.planInput(entries, now)
-		grants := plan(e.quota.desired.Limit, c.recovering(e.quota, now), pe)
+		pe := l.planInput(entries, now)
+		grants := plan(e.quota.desired.Limit, l.recovering(e.quota, now), pe)
 		for i, x := range entries {
 			if x == e {
-				out = append(out, c.counted(e, now), grants[i])
+				out = append(out, l.counted(e, now), grants[i])
 			}
 		}
 	}

@@ -6,13 +6,39 @@ import (
 	"time"
 )
 
-// This file holds scheduling: which request each pod needs next and when (push, probe, poll),
-// the ready queues by priority, the timer heap, renewal jitter and retry backoff.
+// This file holds the scheduler: which request each pod needs next and when (push, probe, poll),
+// in which band it waits, the timer heap, the renewal grid and retry backoff.
+
+// scheduler decides which request goes next and when. Its invariants:
+//
+//   - due: a pod has at most one request in flight (busy) and none while the engine has not begun
+//     or was fenced, while its claim of a newer epoch waits for the epoch record, or without an
+//     endpoint. An unknown or misbehaving pod is only probed (after its backoff); a pod gets a
+//     push once pushWanted (its content differs from what it acknowledged: at once; after a
+//     failure: at retryAt; else its renewal at renewAt), a poll while it drains calls above its
+//     grant, and a probe once a previous manager's pushes can no longer land.
+//   - when: a request due later waits in the timer heap (one live timer per pod and per quota:
+//     wakeAt; stale ones are dropped lazily); renewals fall on the renewal grid, so that the ones
+//     due together are ready together and signed in one batch; retries back off exponentially
+//     from RetryBase to RetryMax, with jitter.
+//   - which next: a ready request waits in the fair ready queue (readyQueue, fairqueue.go): by
+//     namespace (flow) and band — for proven pods lowerings, then changes and probes, then
+//     renewals and polls; every request to a pod not proven after those — with bounds on the
+//     workers one namespace and the unproven pods may hold.
+//
+// It reads the ledger (what a pod is steered to, the previous manager's windows) and never
+// changes it; the core starts the request it hands out (startWork). No I/O, no clock reads.
+type scheduler struct {
+	opts   *Options
+	ledger *ledger
+	timers timerHeap
+	ready  *readyQueue // pods whose request is due, by namespace and band (fairqueue.go)
+}
 
 // pushWanted says whether the pod's content should be sent. An agent that holds nothing gets
 // its first assignment only once each downstream it should call has a permit (until then its
 // /readyz is false and it gets no traffic), and nothing at all if it is only leaving.
-func (c *core) pushWanted(p *podState) bool {
+func (s *scheduler) pushWanted(p *podState) bool {
 	if p.content == nil {
 		return false
 	}
@@ -28,7 +54,7 @@ func (c *core) pushWanted(p *podState) bool {
 			continue
 		}
 		live = true
-		if c.target(e) > 0 && e.grant == 0 {
+		if s.ledger.target(e) > 0 && e.grant == 0 {
 			return false
 		}
 	}
@@ -45,8 +71,8 @@ func draining(p *podState) bool {
 }
 
 // due is the pod's next request and when it is due; kindNone when there is nothing to do.
-func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
-	if p.removed || p.busy != nil || !c.started || c.fenced || p.endpoint == "" {
+func (s *scheduler) due(p *podState, now time.Time) (time.Time, workKind) {
+	if p.removed || p.busy != nil || !s.ledger.started || s.ledger.fenced || p.endpoint == "" {
 		return time.Time{}, kindNone
 	}
 	if p.claimSeq != 0 {
@@ -58,7 +84,7 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 	}
 	var at time.Time
 	kind := kindNone
-	if c.pushWanted(p) {
+	if s.pushWanted(p) {
 		kind = kindPush
 		switch {
 		case p.failures > 0:
@@ -78,9 +104,9 @@ func (c *core) due(p *podState, now time.Time) (time.Time, workKind) {
 			at, kind = pt, kindPoll
 		}
 	}
-	if kind == kindNone && c.mayHoldLateForeign(p) {
+	if kind == kindNone && s.ledger.mayHoldLateForeign(p) {
 		// Ask again once no push of the previous manager can land any more.
-		at, kind = maxTime(c.foreignLandEnd(), p.retryAt), kindProbe
+		at, kind = maxTime(s.ledger.foreignLandEnd(), p.retryAt), kindProbe
 	}
 	return maxTime(at, now), kind
 }
@@ -96,7 +122,7 @@ func proven(p *podState) bool {
 // band orders ready work (readyQueue): for proven pods, lowerings first (they free room for
 // everyone), then probes and other changes, then renewals and polls; every request to a pod that
 // is not proven after all of those.
-func (c *core) band(p *podState, kind workKind) int {
+func (s *scheduler) band(p *podState, kind workKind) int {
 	switch {
 	case !proven(p):
 		return bandUnproven
@@ -116,88 +142,103 @@ func (c *core) band(p *podState, kind workKind) int {
 	return bandChange
 }
 
-func (c *core) schedule(p *podState, now time.Time) {
+func (s *scheduler) schedule(p *podState, now time.Time) {
 	if p.queued || p.busy != nil || p.removed {
 		return
 	}
-	at, kind := c.due(p, now)
+	at, kind := s.due(p, now)
 	if kind == kindNone {
 		p.wakeAt = time.Time{}
 		return
 	}
 	if !at.After(now) {
 		p.queued = true
-		p.band = c.band(p, kind)
-		c.ready.push(p.namespace, p.band, p)
+		p.band = s.band(p, kind)
+		s.ready.push(p.namespace, p.band, p)
 		return
 	}
 	if !p.wakeAt.Equal(at) {
 		p.wakeAt = at
-		heap.Push(&c.timers, timerItem{at: at, pod: p})
+		heap.Push(&s.timers, timerItem{at: at, pod: p})
 	}
 }
 
 // advance fires every timer that is due: pods whose request is due, quotas whose ledger
 // changed by itself (a lease lapsed, calls ended, recovery ended).
 func (c *core) advance(now time.Time) {
-	for c.timers.Len() > 0 && !c.timers[0].at.After(now) {
-		it := heap.Pop(&c.timers).(timerItem)
+	c.sched.fire(now, c.marks.markQuota)
+	c.flush(now)
+	if c.sched.timers.Len() > 4*(len(c.pods)+len(c.quotas))+64 {
+		c.sched.compactTimers()
+	}
+}
+
+// fire pops every timer due by now: a pod whose request is due is scheduled (queued when it is
+// ready), a quota whose ledger may have changed by itself is handed to replan. Stale timers
+// (their at no longer the pod's or quota's wakeAt) are dropped.
+func (s *scheduler) fire(now time.Time, replan func(*quotaState)) {
+	for s.timers.Len() > 0 && !s.timers[0].at.After(now) {
+		it := heap.Pop(&s.timers).(timerItem)
 		switch {
 		case it.pod != nil:
 			if it.pod.wakeAt.Equal(it.at) {
 				it.pod.wakeAt = time.Time{}
-				c.schedule(it.pod, now)
+				s.schedule(it.pod, now)
 			}
 		case it.quota != nil:
 			if it.quota.wakeAt.Equal(it.at) {
 				it.quota.wakeAt = time.Time{}
-				c.markQuota(it.quota)
+				replan(it.quota)
 			}
 		}
 	}
-	c.flush(now)
-	if c.timers.Len() > 4*(len(c.pods)+len(c.quotas))+64 {
-		c.compactTimers()
-	}
 }
 
-func (c *core) compactTimers() {
-	live := c.timers[:0]
-	for _, it := range c.timers {
+// wakeQuota arms the quota's timer for next, when its ledger may change by itself (zero: never).
+func (s *scheduler) wakeQuota(q *quotaState, next time.Time) {
+	if !next.IsZero() && !next.Equal(q.wakeAt) {
+		heap.Push(&s.timers, timerItem{at: next, quota: q})
+	}
+	q.wakeAt = next
+}
+
+func (s *scheduler) compactTimers() {
+	live := s.timers[:0]
+	for _, it := range s.timers {
 		if (it.pod != nil && it.pod.wakeAt.Equal(it.at) && !it.pod.removed) || (it.quota != nil && it.quota.wakeAt.Equal(it.at)) {
 			live = append(live, it)
 		}
 	}
-	c.timers = live
-	heap.Init(&c.timers)
+	s.timers = live
+	heap.Init(&s.timers)
 }
 
 // nextWake is the time of the earliest timer; zero if none.
-func (c *core) nextWake() time.Time {
-	if c.timers.Len() == 0 {
+func (s *scheduler) nextWake() time.Time {
+	if s.timers.Len() == 0 {
 		return time.Time{}
 	}
-	return c.timers[0].at
+	return s.timers[0].at
 }
 
 // hasReady says whether a worker may start a request now (popReady would return a pod).
-func (c *core) hasReady() bool { return c.ready.ready() }
+func (s *scheduler) hasReady() bool { return s.ready.ready() }
 
 // hasUrgent says whether a request of a higher priority than a renewal or a poll may start now:
 // a lowering, a change or a probe of a proven pod.
-func (c *core) hasUrgent() bool { return c.ready.urgent() }
+func (s *scheduler) hasUrgent() bool { return s.ready.urgent() }
 
 // popReady takes the pod whose turn it is (readyQueue.pop); nil when no flow may start a request.
-func (c *core) popReady() *podState { return c.ready.pop() }
+func (s *scheduler) popReady() *podState { return s.ready.pop() }
 
 // renewDelay is the time to the next renewal: RenewEvery less up to a quarter, at random, so
 // that pods pushed together (a rebalance) do not renew in one burst forever. Renewing early is
 // always safe.
-func (c *core) renewDelay() time.Duration {
-	if c.opts.jitter != nil {
-		return c.opts.RenewEvery // deterministic tests
+func (s *scheduler) renewDelay() time.Duration {
+	if s.opts.jitter != nil {
+		return s.opts.RenewEvery // deterministic tests
 	}
-	return c.opts.RenewEvery - rand.N(c.opts.RenewEvery/4+1)
+	return s.opts.RenewEvery - rand.N(s.opts.RenewEvery/4+1)
 }
 
 // nextRenewal is when a push sent at sentAt is renewed: renewDelay later, rounded down to the
@@ -207,8 +248,8 @@ func (c *core) renewDelay() time.Duration {
 // (Engine.signTogether, docs/protocol.md §10). Rounding down only ever renews
 // earlier, which is always safe, and by less than a step: never before sentAt, as a step is at
 // most a sixteenth of RenewEvery and renewDelay at least three quarters of it.
-func (c *core) nextRenewal(sentAt time.Time) time.Time {
-	return sentAt.Add(c.renewDelay()).Truncate(renewGrid(c.opts.RenewEvery))
+func (s *scheduler) nextRenewal(sentAt time.Time) time.Time {
+	return sentAt.Add(s.renewDelay()).Truncate(renewGrid(s.opts.RenewEvery))
 }
 
 // renewGrid is the step of the renewal grid: 100 ms, or a sixteenth of RenewEvery if shorter.
@@ -216,14 +257,14 @@ func renewGrid(renewEvery time.Duration) time.Duration {
 	return max(min(100*time.Millisecond, renewEvery/16), 1)
 }
 
-func (c *core) backoff(failures int) time.Duration {
-	d := c.opts.RetryBase
-	for i := 1; i < failures && d < c.opts.RetryMax; i++ {
+func (s *scheduler) backoff(failures int) time.Duration {
+	d := s.opts.RetryBase
+	for i := 1; i < failures && d < s.opts.RetryMax; i++ {
 		d *= 2
 	}
-	d = min(d, c.opts.RetryMax)
-	if c.opts.jitter != nil {
-		return c.opts.jitter(d)
+	d = min(d, s.opts.RetryMax)
+	if s.opts.jitter != nil {
+		return s.opts.jitter(d)
 	}
 	return d/2 + rand.N(d/2+1)
 }

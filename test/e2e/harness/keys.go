@@ -14,13 +14,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/keys"
 )
 
-// Names of the manager's key objects (push.DefaultSigningKeySecret, push.DefaultTrustConfigMap).
+// Names of the manager's key objects, from where the manager takes them.
 const (
-	SigningKeySecret = "apportion-signing-key"
-	TrustConfigMap   = "apportion-trust"
+	SigningKeySecret = keys.DefaultSigningKeySecret
+	TrustConfigMap   = apportionv1.TrustConfigMap
 )
 
 // TrustDir plays the kubelet's ConfigMap volume: it copies the trust ConfigMap of the pods'

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
-	"github.com/apportion/apportion/internal/push"
 )
 
 // AgentImage is the agent image the harness's manager injects (--agent-image). The harness's
@@ -178,8 +177,8 @@ func trustVolumeAt(pod *corev1.Pod, c *corev1.Container, path string) error {
 	}
 	name := c.VolumeMounts[i].Name
 	j := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
-	if j < 0 || pod.Spec.Volumes[j].ConfigMap == nil || pod.Spec.Volumes[j].ConfigMap.Name != push.DefaultTrustConfigMap {
-		return fmt.Errorf("pod %s: the volume %s at --trust-dir=%s is not the ConfigMap %s", pod.Name, name, path, push.DefaultTrustConfigMap)
+	if j < 0 || pod.Spec.Volumes[j].ConfigMap == nil || pod.Spec.Volumes[j].ConfigMap.Name != apportionv1.TrustConfigMap {
+		return fmt.Errorf("pod %s: the volume %s at --trust-dir=%s is not the ConfigMap %s", pod.Name, name, path, apportionv1.TrustConfigMap)
 	}
 	return nil
 }

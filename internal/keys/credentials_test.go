@@ -1,7 +1,9 @@
-package push
+package keys
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	testingclock "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/apportion/apportion/internal/agent/control"
@@ -71,7 +74,7 @@ func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientBuilder().Build()
 	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	k := &SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Now: func() time.Time { return now }}
+	k := &SigningKeys{Reader: c, Writer: c, Namespace: "apportion-system", Clock: testingclock.NewFakePassiveClock(now)}
 
 	ring, err := k.Ensure(ctx)
 	if err != nil {
@@ -125,8 +128,7 @@ func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newTestBackend(time.Now)
-	srv := httptest.NewServer(control.New(control.Options{Backend: b, Trust: func() assignment.TrustSet { return trust }, Pod: "ns/p", Logger: quietLog}))
+	srv := httptest.NewServer(control.New(control.Options{Backend: stateBackend{}, Trust: func() assignment.TrustSet { return trust }, Pod: "ns/p", Logger: quietLog}))
 	defer srv.Close()
 	if _, err := NewSigningClient(&http.Client{}, sched).State(ctx, assignment.Endpoint{URL: srv.URL, Pod: "ns/p"}, 1); err != nil {
 		t.Fatalf("the agent refused the manager's signature: %v", err)
@@ -140,38 +142,15 @@ func TestSigningKeysEnsureRotateWithdraw(t *testing.T) {
 	}
 }
 
-// An agent that has not picked up the signing key yet answers 403 unknown-key; the SigningClient
-// then tries the other published keys.
-func TestSigningClientFallsBackOnUnknownKey(t *testing.T) {
-	now := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	fc := fake.NewClientBuilder().Build()
-	k := &SigningKeys{Reader: fc, Writer: fc, Now: func() time.Time { return now }}
-	if _, err := k.Ensure(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	now = now.Add(time.Hour)
-	ring, err := k.Rotate(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := ring[0].SigningKey
-	agentTrust, _ := assignment.NewTrustSet(old.Public())
-	b := newTestBackend(time.Now)
-	srv := httptest.NewServer(control.New(control.Options{Backend: b, Trust: func() assignment.TrustSet { return agentTrust }, Pod: "ns/p", Logger: quietLog}))
-	defer srv.Close()
-	to := assignment.Endpoint{URL: srv.URL, Pod: "ns/p"}
+// stateBackend is the least agent backend a signed GET /v1/state needs: it holds nothing.
+// (The push package's tests have a full one; this package must not import push.)
+type stateBackend struct{}
 
-	sched, _ := ring.Schedule(now.Add(DefaultKeyOverlap), DefaultKeyOverlap) // the new key signs
-	if sched.Signing.ID == old.ID {
-		t.Fatal("the new key does not sign after the overlap")
-	}
-	c := NewSigningClient(&http.Client{}, sched)
-	if st, err := c.State(context.Background(), to, 1); err != nil || st == nil {
-		t.Fatalf("state with fallback: %v", err)
-	}
-	onlyNew := Schedule{Signing: sched.Signing, Published: []assignment.SigningKey{sched.Signing}}
-	c.SetSchedule(onlyNew)
-	if _, err := c.State(context.Background(), to, 1); err == nil {
-		t.Fatal("a key the agent does not trust was accepted")
-	}
+func (stateBackend) Apply(*assignment.Assignment, time.Time) (assignment.State, error) {
+	return assignment.State{}, errors.New("stateBackend holds nothing")
 }
+func (stateBackend) Instance() string        { return "" }
+func (stateBackend) State() assignment.State { return assignment.State{} }
+func (stateBackend) Ready() bool             { return true }
+
+var quietLog = slog.New(slog.DiscardHandler)

@@ -1,4 +1,4 @@
-package push
+package keys
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/apportion/apportion/internal/assignment"
 )
@@ -20,8 +22,8 @@ type SigningClient struct {
 	// means http.DefaultClient. The engine bounds each request with Options.PushTimeout
 	// through its context's deadline.
 	HTTP assignment.Doer
-	// Now is the clock for signatures; nil means time.Now.
-	Now func() time.Time
+	// Clock dates signatures; nil means the real clock.
+	Clock clock.PassiveClock
 
 	sched atomic.Pointer[Schedule]
 	// requests signed, and the signatures that took (fewer: SignTogether)
@@ -35,11 +37,11 @@ func NewSigningClient(hc assignment.Doer, s Schedule) *SigningClient {
 	return c
 }
 
-// BoundsByDeadline implements DeadlineBounded: it ends a request at its context's deadline by
+// BoundsByDeadline implements push.DeadlineBounded: it ends a request at its context's deadline by
 // itself when its HTTP client does (h1.HTTPClient: the deadline is its connection's). Trying
 // the other keys after an unknown-key answer stays within the same deadline.
 func (c *SigningClient) BoundsByDeadline() bool {
-	d, ok := c.HTTP.(DeadlineBounded)
+	d, ok := c.HTTP.(interface{ BoundsByDeadline() bool }) // push.DeadlineBounded, not imported: push uses keys
 	return ok && d.BoundsByDeadline()
 }
 
@@ -47,6 +49,14 @@ func (c *SigningClient) BoundsByDeadline() bool {
 // when pushes are signed together).
 func (c *SigningClient) SignStats() (requests, signatures int64) {
 	return c.signed.Load(), c.signatures.Load()
+}
+
+// now is the time signatures carry.
+func (c *SigningClient) now() time.Time {
+	if c.Clock != nil {
+		return c.Clock.Now()
+	}
+	return time.Now()
 }
 
 // SignTogether implements BatchSigner: it signs the pushes with the schedule's signing key, one
@@ -57,11 +67,7 @@ func (c *SigningClient) SignTogether(outs []*assignment.Outgoing) {
 	if s == nil || s.Signing.Private == nil || len(outs) == 0 {
 		return
 	}
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	assignment.SignTogether(outs, s.Signing, now())
+	assignment.SignTogether(outs, s.Signing, c.now())
 	c.signed.Add(int64(len(outs)))
 	c.signatures.Add(int64((len(outs) + assignment.MaxBatch - 1) / assignment.MaxBatch))
 }
@@ -137,7 +143,7 @@ func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, er
 		var st *assignment.State
 		c.signed.Add(1)
 		c.signatures.Add(1)
-		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Now: c.Now})
+		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Now: c.now})
 		if !unknownKey(err) {
 			return st, err
 		}

@@ -1,4 +1,4 @@
-package push
+package keys
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/apportion/apportion/internal/assignment"
@@ -24,10 +25,6 @@ import (
 // DefaultSigningKeySecret is the name of the Secret, in the manager's namespace, that holds the
 // manager's Ed25519 private keys. It never leaves that namespace.
 const DefaultSigningKeySecret = "apportion-signing-key"
-
-// DefaultTrustConfigMap is the name of the ConfigMap holding the public keys agents verify with,
-// kept in every namespace where an agent may run (docs/protocol.md §10).
-const DefaultTrustConfigMap = "apportion-trust"
 
 // DefaultKeyOverlap is how long a new key is published before the manager signs with it, and how
 // long the previous key stays published after that.
@@ -129,9 +126,10 @@ type SigningKeys struct {
 	Writer client.Writer
 	// Namespace is the manager's namespace; Name defaults to DefaultSigningKeySecret.
 	Namespace, Name string
-	// Now names and dates new keys; nil means time.Now. Rand makes keys; nil means crypto/rand.
-	Now  func() time.Time
-	Rand io.Reader
+	// Clock names and dates new keys; nil means the real clock. Rand makes keys; nil means
+	// crypto/rand.
+	Clock clock.PassiveClock
+	Rand  io.Reader
 }
 
 func (k *SigningKeys) key() types.NamespacedName {
@@ -143,8 +141,8 @@ func (k *SigningKeys) key() types.NamespacedName {
 }
 
 func (k *SigningKeys) now() time.Time {
-	if k.Now != nil {
-		return k.Now()
+	if k.Clock != nil {
+		return k.Clock.Now()
 	}
 	return time.Now()
 }
@@ -261,7 +259,9 @@ func (k *SigningKeys) newKey(r KeyRing) (RingKey, error) {
 	id := "k" + now.Format("20060102-150405")
 	if n := len(r); n > 0 && id <= r[n-1].ID {
 		id = r[n-1].ID + "-1" // same second or a clock behind: extend the newest id
-		now = maxTime(now, r[n-1].Created)
+		if r[n-1].Created.After(now) {
+			now = r[n-1].Created
+		}
 	}
 	if !assignment.ValidKeyID(id) {
 		return RingKey{}, fmt.Errorf("cannot make a valid key id after %q", r[len(r)-1].ID)
