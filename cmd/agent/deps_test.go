@@ -35,6 +35,7 @@ var forbidden = []struct {
 	{path: module + "/internal/controller", why: "the manager's reconcilers"},
 	{path: module + "/internal/push", why: "the manager's push engine"},
 	{path: module + "/internal/inject", why: "the manager's injection webhook"},
+	{path: module + "/internal/keys", why: "the manager's signing keys"},
 	{path: module + "/internal/targets", why: "the manager's target resolution"},
 	{path: module + "/internal/apportion", why: "the manager's share arithmetic"},
 }
