@@ -1,0 +1,166 @@
+//go:build linux
+
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+)
+
+const (
+	// sampleLimit is the sample quota's maxInFlight (checked in sampleManifest).
+	sampleLimit    = 50
+	sampleReplicas = 2
+	// sampleConcurrency is each app's callers: 2 × 30 = 60 offered, above the limit of 50,
+	// so without the agents the judge would see more than the limit.
+	sampleConcurrency = 30
+	judgePort         = "18080"
+	trafficWindow     = 15 * time.Second
+)
+
+// judge is the downstream: it counts calls in flight, remembers the peak, and answers 429
+// (as the logistics partner would) to a call above the limit.
+type judge struct {
+	limit int
+	mu    sync.Mutex
+	in    int
+	peak  int
+	ok    int
+	over  int
+	srv   *http.Server
+}
+
+func startJudge(t *testing.T, limit int) *judge {
+	j := &judge{limit: limit}
+	// On the service address in the node's namespace: the pods reach it through the bridge.
+	ln, err := net.Listen("tcp", net.JoinHostPort(serviceIP, judgePort))
+	if err != nil {
+		t.Fatalf("judge: %v", err)
+	}
+	j.srv = &http.Server{Handler: j, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = j.srv.Serve(ln) }()
+	t.Cleanup(func() { _ = j.srv.Close() })
+	return j
+}
+
+func (j *judge) url() string { return "http://" + net.JoinHostPort(serviceIP, judgePort) }
+
+func (j *judge) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	j.mu.Lock()
+	j.in++
+	if j.in > j.peak {
+		j.peak = j.in
+	}
+	over := j.in > j.limit
+	if over {
+		j.over++
+	} else {
+		j.ok++
+	}
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		j.in--
+		j.mu.Unlock()
+	}()
+	if over {
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	time.Sleep(50 * time.Millisecond)
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (j *judge) snapshot() (peak, ok, over int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.peak, j.ok, j.over
+}
+
+// traffic lets the apps call the judge through their agents for trafficWindow, sampling the
+// quota's ledger, and asserts the bound: Σ permits ≤ limit at every sample, the judge's peak
+// ≤ limit, no 429.
+func traffic(ctx context.Context, t *testing.T, n *node, j *judge, pods []corev1.Pod) {
+	if len(pods) == 0 {
+		t.Fatal("no app pods")
+	}
+	end := time.Now().Add(trafficWindow)
+	samples, maxSum := 0, int32(0)
+	for time.Now().Before(end) {
+		var q apportionv1.DownstreamQuota
+		if err := n.c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "logistics"}, &q); err != nil {
+			t.Fatal(err)
+		}
+		var sum int32
+		for _, h := range q.Status.Holdings {
+			sum += h.Granted
+		}
+		if sum > maxSum {
+			maxSum = sum
+		}
+		if sum > sampleLimit || q.Status.Ledger > sampleLimit {
+			t.Errorf("Σ granted %d, ledger %d above the limit %d: %+v", sum, q.Status.Ledger, sampleLimit, q.Status.Holdings)
+		}
+		samples++
+		time.Sleep(500 * time.Millisecond)
+	}
+	peak, ok, over := j.snapshot()
+	var served int
+	for i := range pods {
+		st, err := appStats(ctx, pods[i].Status.PodIP)
+		if err != nil {
+			t.Errorf("app %s stats: %v", pods[i].Name, err)
+			continue
+		}
+		t.Logf("app %s (%s): answers by status %v", pods[i].Name, pods[i].Status.PodIP, st)
+		served += st["200"]
+	}
+	t.Logf("figure: traffic %s, %d apps × %d callers = %d offered, limit %d: judge peak %d, %d served, %d × 429; Σ granted max %d over %d samples",
+		trafficWindow, len(pods), sampleConcurrency, len(pods)*sampleConcurrency, sampleLimit, peak, ok, over, maxSum, samples)
+	if ok == 0 || served == 0 {
+		t.Errorf("no traffic reached the judge through the agents (judge served %d, apps saw %d × 200)", ok, served)
+	}
+	if peak > sampleLimit {
+		t.Errorf("judge peak %d above the limit %d", peak, sampleLimit)
+	}
+	if over != 0 {
+		t.Errorf("judge answered 429 %d times", over)
+	}
+	if maxSum == 0 {
+		t.Errorf("the quota's status never showed a granted permit")
+	}
+}
+
+func appStats(ctx context.Context, ip string) (map[string]int, error) {
+	if ip == "" {
+		return nil, errors.New("pod has no IP")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "8080")+"/stats", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	st := map[string]int{}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
