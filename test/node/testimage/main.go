@@ -80,6 +80,10 @@ func load(url string) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				_ = resp.Body.Close()
 				count(strconv.Itoa(resp.StatusCode))
+				if resp.StatusCode != http.StatusOK {
+					// A refusal (no permit) is immediate: do not spin the node's CPU on them.
+					time.Sleep(20 * time.Millisecond)
+				}
 			}
 		}()
 	}
