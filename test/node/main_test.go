@@ -107,7 +107,14 @@ func outer() (rc int) {
 	logf("assets and images ready in %s", time.Since(start).Round(time.Millisecond))
 
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Env = append(os.Environ(), innerEnv+"="+run.Dir, "APPORTION_NODE_CGROUP="+run.Cgroup, "APPORTION_NODE_REPO="+repoRoot())
+	// TMPDIR: envtest's etcd data and certificates go into the run directory too, so a killed
+	// run leaves nothing in the machine's /tmp.
+	tmp := filepath.Join(run.Dir, "tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		logf("FAIL: %v", err)
+		return 1
+	}
+	cmd.Env = append(os.Environ(), innerEnv+"="+run.Dir, "APPORTION_NODE_CGROUP="+run.Cgroup, "APPORTION_NODE_REPO="+repoRoot(), "TMPDIR="+tmp)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS,

@@ -115,6 +115,7 @@ func (r *runState) teardown() []string {
 	start := time.Now()
 	deadline := start.Add(30 * time.Second)
 	var procs []int
+	killed := map[int]bool{}
 	for {
 		procs = append(netnsProcs(r.Netns), cgroupProcs(r.Cgroup)...)
 		if len(procs) == 0 || time.Now().After(deadline) {
@@ -122,8 +123,19 @@ func (r *runState) teardown() []string {
 		}
 		for _, pid := range procs {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killed[pid] = true
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// A killed process leaves its namespaces before it is gone: wait until each has exited
+	// (or is a zombie its parent, if alive, reaps).
+	for pid := range killed {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if alive(pid) {
+			procs = append(procs, pid)
+		}
 	}
 	var left []string
 	if len(procs) > 0 {
@@ -171,7 +183,7 @@ func (r *runState) teardown() []string {
 			left = append(left, err.Error())
 		}
 	}
-	logf("teardown of run %s in %s: %d process(es) killed, left %v", r.ID, time.Since(start).Round(time.Millisecond), len(procs), left)
+	logf("teardown of run %s in %s: %d process(es) killed, left %v", r.ID, time.Since(start).Round(time.Millisecond), len(killed), left)
 	return left
 }
 
@@ -308,4 +320,15 @@ func repoRoot() string {
 	}
 	wd, _ := os.Getwd()
 	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command's closing parenthesis.
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
 }

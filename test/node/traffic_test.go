@@ -99,19 +99,13 @@ func traffic(ctx context.Context, t *testing.T, n *node, j *judge, pods []corev1
 	end := time.Now().Add(trafficWindow)
 	samples, maxSum := 0, int32(0)
 	for time.Now().Before(end) {
-		var q apportionv1.DownstreamQuota
-		if err := n.c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "logistics"}, &q); err != nil {
-			t.Fatal(err)
-		}
+		st := quotaSample(ctx, t, n)
 		var sum int32
-		for _, h := range q.Status.Holdings {
+		for _, h := range st.Holdings {
 			sum += h.Granted
 		}
 		if sum > maxSum {
 			maxSum = sum
-		}
-		if sum > sampleLimit || q.Status.Ledger > sampleLimit {
-			t.Errorf("Σ granted %d, ledger %d above the limit %d: %+v", sum, q.Status.Ledger, sampleLimit, q.Status.Holdings)
 		}
 		samples++
 		time.Sleep(500 * time.Millisecond)
@@ -132,8 +126,8 @@ func traffic(ctx context.Context, t *testing.T, n *node, j *judge, pods []corev1
 	if ok == 0 || served == 0 {
 		t.Errorf("no traffic reached the judge through the agents (judge served %d, apps saw %d × 200)", ok, served)
 	}
-	if peak > sampleLimit {
-		t.Errorf("judge peak %d above the limit %d", peak, sampleLimit)
+	if peak > j.limit {
+		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
 	}
 	if over != 0 {
 		t.Errorf("judge answered 429 %d times", over)
@@ -163,4 +157,62 @@ func appStats(ctx context.Context, ip string) (map[string]int, error) {
 	}
 	st := map[string]int{}
 	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// quotaSample reads the sample quota and checks the bound on it: Σ granted and Σ counted (the
+// ledger) ≤ the limit. It returns the status.
+func quotaSample(ctx context.Context, t *testing.T, n *node) apportionv1.DownstreamQuotaStatus {
+	t.Helper()
+	var q apportionv1.DownstreamQuota
+	if err := n.c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "logistics"}, &q); err != nil {
+		t.Fatal(err)
+	}
+	var granted, counted int32
+	for _, h := range q.Status.Holdings {
+		granted += h.Granted
+		counted += h.Counted
+	}
+	if granted > sampleLimit || counted > sampleLimit || q.Status.Ledger > sampleLimit {
+		t.Errorf("Σ granted %d, Σ counted %d, ledger %d: above the limit %d: %+v", granted, counted, q.Status.Ledger, sampleLimit, q.Status.Holdings)
+	}
+	return q.Status
+}
+
+// scaleStep scales the sample with the scale subresource (`kubectl scale`), under traffic, and
+// waits until every pod's agent acknowledged the new share, floor(limit × 80 % / replicas):
+// the bound holds at every sample of the quota's ledger, and at the judge.
+func scaleStep(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
+	start := time.Now()
+	if _, err := n.kubectl(ctx, "-n", "shop", "scale", "deployment/gateway", fmt.Sprintf("--replicas=%d", replicas)); err != nil {
+		t.Fatal(err)
+	}
+	want := int32(sampleLimit * 80 / 100 / replicas)
+	samples := 0
+	waitFor(ctx, t, 3*time.Minute, fmt.Sprintf("%d pods, each agent holding %d permits (acknowledged)", replicas, want), func() (bool, error) {
+		failIfCrashing(ctx, t, n, "shop")
+		st := quotaSample(ctx, t, n)
+		samples++
+		if len(st.Holdings) != replicas {
+			return false, nil
+		}
+		for _, h := range st.Holdings {
+			if h.Granted != want || !h.Synced {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Logf("figure: kubectl scale 2 -> %d: every agent acknowledged %d permits after %s (%d ledger samples, every one within the limit)",
+		replicas, want, time.Since(start).Round(time.Millisecond), samples)
+	// The new pod's app calls too: a few seconds of traffic at the new split.
+	time.Sleep(5 * time.Second)
+	st := quotaSample(ctx, t, n)
+	peak, ok, over := j.snapshot()
+	t.Logf("figure: after the scale step: judge peak %d, %d served, %d × 429; holdings %+v", peak, ok, over, st.Holdings)
+	if peak > j.limit {
+		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
+	}
+	if over != 0 {
+		t.Errorf("judge answered 429 %d times", over)
+	}
 }

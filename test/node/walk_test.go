@@ -39,6 +39,7 @@ func TestNode(t *testing.T) {
 			pods = injectedApps(ctx, t, n, installStart, j.url(), sampleReplicas, sampleConcurrency)
 		}},
 		{"traffic through the agents", func(t *testing.T) { traffic(ctx, t, n, j, pods) }},
+		{"scale step 2 -> 3 under traffic", func(t *testing.T) { scaleStep(ctx, t, n, j, sampleReplicas+1) }},
 	}
 	for _, s := range steps {
 		// Each step needs the one before it: stop at the first that fails.
