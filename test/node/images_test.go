@@ -35,11 +35,15 @@ func prepareImages(r *runState) error {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("make images: %v\n%s", err, out.String())
+		return fmt.Errorf("make images: %w\n%s", err, out.String())
 	}
 	for _, n := range []string{"manager.tar", "agent.tar"} {
-		if fi, err := os.Stat(filepath.Join(root, "dist", "images", n)); err != nil || fi.Size() == 0 {
-			return fmt.Errorf("make images did not write dist/images/%s: %v", n, err)
+		fi, err := os.Stat(filepath.Join(root, "dist", "images", n))
+		if err != nil {
+			return fmt.Errorf("make images did not write dist/images/%s: %w", n, err)
+		}
+		if fi.Size() == 0 {
+			return fmt.Errorf("make images wrote an empty dist/images/%s", n)
 		}
 	}
 	logf("step make images: ok in %s", time.Since(start).Round(time.Millisecond))
@@ -52,7 +56,7 @@ func prepareImages(r *runState) error {
 	out.Reset()
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building test/node/testimage: %v\n%s", err, out.String())
+		return fmt.Errorf("building test/node/testimage: %w\n%s", err, out.String())
 	}
 	if err := writeImage(bin, "/testimage", testImage, filepath.Join(r.Dir, "testimage.tar")); err != nil {
 		return fmt.Errorf("packing %s: %w", testImage, err)

@@ -64,7 +64,7 @@ func sh(ctx context.Context, name string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	if err != nil {
-		return out.String(), fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, out.String())
+		return out.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out.String())
 	}
 	return out.String(), nil
 }
@@ -176,8 +176,9 @@ func (n *node) controlPlane() error {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	api := n.env.ControlPlane.GetAPIServer()
-	api.SecureServing.ListenAddr.Address = serviceIP
-	api.SecureServing.ListenAddr.Port = "443"
+	// The secure serving address (SecureServing.ListenAddr); the serving certificate names it.
+	api.Address = serviceIP
+	api.Port = "443"
 	args := api.Configure()
 	args.Set("service-cluster-ip-range", serviceCIDR)
 	args.Set("advertise-address", serviceIP)
