@@ -324,3 +324,66 @@ func failIfCrashing(ctx context.Context, t *testing.T, n *node, ns string) {
 		}
 	}
 }
+
+// uninstall follows docs/install.md's "Uninstalling" to the letter and asserts that nothing of
+// Apportion is left and nothing depends on it: no CRD, webhook configuration, namespace or trust
+// ConfigMap; the rolled workload's pods run without an agent and are Ready.
+func uninstall(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
+	start := time.Now()
+	for _, args := range [][]string{
+		{"delete", "downstreamquotas,degraderules", "--all", "-A"},
+		{"label", "namespace", "shop", "apportion.io/injection-"},
+		{"delete", "-f", filepath.Join(repoRoot(), "dist/install.yaml"), "--timeout=3m"},
+		{"-n", "shop", "rollout", "restart", "deployment/gateway"},
+		{"delete", "configmap", "-A", "-l", "apportion.io/trust=true"},
+	} {
+		if out, err := n.kubectl(ctx, args...); err != nil {
+			t.Fatal(err)
+		} else {
+			t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(out))
+		}
+	}
+	waitFor(ctx, t, 3*time.Minute, "namespace apportion-system gone", func() (bool, error) {
+		err := n.c.Get(ctx, types.NamespacedName{Name: system}, &corev1.Namespace{})
+		return err != nil && client.IgnoreNotFound(err) == nil, nil
+	})
+	var pods corev1.PodList
+	waitFor(ctx, t, 3*time.Minute, fmt.Sprintf("%d rolled gateway pods Ready, none with an agent", replicas), func() (bool, error) {
+		failIfCrashing(ctx, t, n, "shop")
+		if err := n.c.List(ctx, &pods, client.InNamespace("shop"), client.MatchingLabels{"app": "gateway"}); err != nil {
+			return false, err
+		}
+		if len(pods.Items) != replicas {
+			return false, nil
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if len(p.Spec.InitContainers) > 0 || !podReady(p) || p.DeletionTimestamp != nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Logf("figure: uninstall (docs/install.md) -> workload rolled without agents in %s", time.Since(start).Round(time.Millisecond))
+	left, err := n.kubectl(ctx, "get", "crd,mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles,clusterrolebindings", "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Fields(left) {
+		if strings.Contains(l, "apportion") {
+			t.Errorf("left after uninstall: %s", l)
+		}
+	}
+	var cms corev1.ConfigMapList
+	if err := n.c.List(ctx, &cms, client.MatchingLabels{"apportion.io/trust": "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(cms.Items) != 0 {
+		t.Errorf("%d trust ConfigMaps left", len(cms.Items))
+	}
+	peak, ok, over := j.snapshot()
+	t.Logf("figure: whole lane: judge peak %d, %d served, %d × 429", peak, ok, over)
+	if peak > j.limit || over != 0 {
+		t.Errorf("judge peak %d (limit %d), %d × 429", peak, j.limit, over)
+	}
+}

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -209,6 +211,73 @@ func scaleStep(ctx context.Context, t *testing.T, n *node, j *judge, replicas in
 	st := quotaSample(ctx, t, n)
 	peak, ok, over := j.snapshot()
 	t.Logf("figure: after the scale step: judge peak %d, %d served, %d × 429; holdings %+v", peak, ok, over, st.Holdings)
+	if peak > j.limit {
+		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
+	}
+	if over != 0 {
+		t.Errorf("judge answered 429 %d times", over)
+	}
+}
+
+// leader is the manager pod holding the leader lease (the holder identity is "<pod>_<uuid>").
+func leader(ctx context.Context, n *node) (string, error) {
+	var l coordinationv1.Lease
+	if err := n.c.Get(ctx, types.NamespacedName{Namespace: system, Name: "manager.apportion.io"}, &l); err != nil {
+		return "", err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return "", errors.New("no holder")
+	}
+	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+	return pod, nil
+}
+
+// failover deletes the leader manager pod under traffic and waits until the other replica
+// leads; the bound holds at every ledger sample and at the judge through a window longer than
+// the agents' lease (10 s), so agents whose lease the new leader did not renew in time would
+// have shown; at its end every agent holds its full share, acknowledged.
+func failover(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
+	old, err := leader(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := n.kubectl(ctx, "-n", system, "delete", "pod", old, "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	samples := 0
+	var now string
+	waitFor(ctx, t, 2*time.Minute, "a new leader", func() (bool, error) {
+		quotaSample(ctx, t, n)
+		samples++
+		l, err := leader(ctx, n)
+		now = l
+		return err == nil && l != old, nil
+	})
+	newLeader := time.Since(start)
+	for time.Since(start) < newLeader+20*time.Second {
+		quotaSample(ctx, t, n)
+		samples++
+		time.Sleep(500 * time.Millisecond)
+	}
+	want := int32(sampleLimit * 80 / 100 / replicas)
+	waitFor(ctx, t, time.Minute, "every agent holding its full share", func() (bool, error) {
+		st := quotaSample(ctx, t, n)
+		samples++
+		if len(st.Holdings) != replicas {
+			return false, nil
+		}
+		for _, h := range st.Holdings {
+			if h.Granted != want || !h.Synced {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Logf("figure: leader %s deleted: %s leads after %s; %d ledger samples within the limit over %s",
+		old, now, newLeader.Round(time.Millisecond), samples, time.Since(start).Round(time.Millisecond))
+	peak, ok, over := j.snapshot()
+	t.Logf("figure: after the failover: judge peak %d, %d served, %d × 429", peak, ok, over)
 	if peak > j.limit {
 		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
 	}
