@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -30,6 +31,15 @@ const testImage = "apportion.local/node-testimage:v1"
 func prepareImages(r *runState) error {
 	root := repoRoot()
 	start := time.Now()
+	// Two runs at once (from one clone) must not write dist/images together: one waits.
+	lock, err := os.OpenFile(filepath.Join(baseDir(), ".images.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lock.Close() }()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
 	cmd := exec.Command("make", "--no-print-directory", "images")
 	cmd.Dir = root
 	var out bytes.Buffer
@@ -44,6 +54,10 @@ func prepareImages(r *runState) error {
 		}
 		if fi.Size() == 0 {
 			return fmt.Errorf("make images wrote an empty dist/images/%s", n)
+		}
+		// The node imports this run's copy: another run may rewrite dist/images meanwhile.
+		if err := copyFile(filepath.Join(root, "dist", "images", n), filepath.Join(r.Dir, n)); err != nil {
+			return err
 		}
 	}
 	logf("step make images: ok in %s", time.Since(start).Round(time.Millisecond))
@@ -108,4 +122,21 @@ func writeImage(bin, path, ref, out string) error {
 		return err
 	}
 	return tarball.WriteToFile(out, tag, img)
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := os.Create(to)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }

@@ -35,10 +35,10 @@ func (n *node) kubectl(ctx context.Context, args ...string) (string, error) {
 }
 
 // importUserImages is docs/install.md's step for a local node: the archives `make images`
-// wrote, imported into containerd's CRI namespace.
+// wrote (dist/images/{manager,agent}.tar, copied into the run directory when they were
+// built), imported into containerd's CRI namespace.
 func importUserImages(ctx context.Context, t *testing.T, n *node) {
-	root := repoRoot()
-	if err := n.importImages(ctx, filepath.Join(root, "dist/images/manager.tar"), filepath.Join(root, "dist/images/agent.tar")); err != nil {
+	if err := n.importImages(ctx, filepath.Join(n.dir, "manager.tar"), filepath.Join(n.dir, "agent.tar")); err != nil {
 		t.Fatal(err)
 	}
 	out, err := sh(ctx, ctrBin, "--address", n.sock, "-n", "k8s.io", "images", "ls", "-q")
