@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 )
@@ -278,6 +279,59 @@ func failover(ctx context.Context, t *testing.T, n *node, j *judge, replicas int
 		old, now, newLeader.Round(time.Millisecond), samples, time.Since(start).Round(time.Millisecond))
 	peak, ok, over := j.snapshot()
 	t.Logf("figure: after the failover: judge peak %d, %d served, %d × 429", peak, ok, over)
+	if peak > j.limit {
+		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
+	}
+	if over != 0 {
+		t.Errorf("judge answered 429 %d times", over)
+	}
+}
+
+// rollingUpdate restarts the sample's Deployment (`kubectl rollout restart`) under traffic:
+// new pods (injected) replace the old ones while the old drain; the ledger and the judge stay
+// within the limit at every sample, and at the end every new pod's agent holds the full share.
+func rollingUpdate(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
+	start := time.Now()
+	if _, err := n.kubectl(ctx, "-n", "shop", "rollout", "restart", "deployment/gateway"); err != nil {
+		t.Fatal(err)
+	}
+	want := int32(sampleLimit * 80 / 100 / replicas)
+	samples, minShare := 0, want
+	var pods corev1.PodList
+	waitFor(ctx, t, 4*time.Minute, "the rollout done, every new agent holding its full share", func() (bool, error) {
+		failIfCrashing(ctx, t, n, "shop")
+		st := quotaSample(ctx, t, n)
+		samples++
+		for _, tg := range st.Targets {
+			minShare = min(minShare, tg.PermitsPerPod)
+		}
+		if err := n.c.List(ctx, &pods, client.InNamespace("shop"), client.MatchingLabels{"app": "gateway"}); err != nil {
+			return false, err
+		}
+		if len(pods.Items) != replicas || len(st.Holdings) != replicas {
+			return false, nil
+		}
+		names := map[string]bool{}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if !podReady(p) || p.DeletionTimestamp != nil || p.CreationTimestamp.Time.Before(start.Truncate(time.Second)) {
+				return false, nil
+			}
+			names[p.Name] = true
+		}
+		for _, h := range st.Holdings {
+			if !names[h.Pod] || h.Granted != want || !h.Synced {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	for i := range pods.Items {
+		checkInjected(t, &pods.Items[i])
+	}
+	peak, ok, over := j.snapshot()
+	t.Logf("figure: rolling update of %d pods under traffic: %s to every new agent at %d permits (lowest per-pod share during it %d); %d ledger samples within the limit; judge peak %d, %d served, %d × 429",
+		replicas, time.Since(start).Round(time.Millisecond), want, minShare, samples, peak, ok, over)
 	if peak > j.limit {
 		t.Errorf("judge peak %d above the limit %d", peak, j.limit)
 	}

@@ -41,6 +41,7 @@ func TestNode(t *testing.T) {
 		{"traffic through the agents", func(t *testing.T) { traffic(ctx, t, n, j, pods) }},
 		{"scale step 2 -> 3 under traffic", func(t *testing.T) { scaleStep(ctx, t, n, j, sampleReplicas+1) }},
 		{"leader failover under traffic", func(t *testing.T) { failover(ctx, t, n, j, sampleReplicas+1) }},
+		{"rolling update under traffic", func(t *testing.T) { rollingUpdate(ctx, t, n, j, sampleReplicas+1) }},
 		{"uninstall", func(t *testing.T) { uninstall(ctx, t, n, j, sampleReplicas+1) }},
 	}
 	for _, s := range steps {
