@@ -216,12 +216,18 @@ func injectedApps(ctx context.Context, t *testing.T, n *node, installStart time.
 		ready := 0
 		for i := range pods.Items {
 			p := &pods.Items[i]
+			agentReady := false
 			for _, s := range p.Status.InitContainerStatuses {
 				if s.Name == agentContainer && s.Ready {
+					agentReady = true
 					if _, ok := agentReadyAt[p.Name]; !ok {
 						agentReadyAt[p.Name] = time.Now()
 					}
 				}
+			}
+			// The agent's readiness (permits granted) gates the pod's.
+			if podReady(p) && !agentReady {
+				t.Errorf("pod %s is Ready while its agent is not", p.Name)
 			}
 			if podReady(p) && p.DeletionTimestamp == nil {
 				ready++
