@@ -169,6 +169,10 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
+.PHONY: test-node
+test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/
+
 .PHONY: bench
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/

@@ -49,6 +49,23 @@
 # Same rules as above: idempotent (about a second when present), built only
 # from the Go module proxy, a directory appears complete or not at all.
 #
+# With --node it provides instead what the real-node lane (`make test-node`,
+# test/node) runs around the API server, and prints the kubelet's directory:
+#
+#   export NODE_ASSETS="$(hack/envtest-assets.sh --node)"
+#
+#   kubelet  from k8s.io/kubernetes at ENVTEST_K8S_VERSION, built like
+#       kube-apiserver (same throwaway module, same version stamping), into
+#       ${XDG_DATA_HOME:-$HOME/.local/share}/kubebuilder-envtest/apportion-node/k8s-<ver>-<os>-<arch>
+#   containerd, runc, containernetworking-plugins, iptables  Debian's packages,
+#       installed with apt-get when missing (as hack/chromium.sh installs
+#       chromium; needs root or passwordless sudo): a runtime and CNI plugins
+#       built and signed by the distribution, at the paths the lane expects
+#       (/usr/bin/containerd, /usr/sbin/runc, /usr/lib/cni).
+#
+# Same rules: idempotent (about a second when present), the kubelet built only
+# from the Go module proxy, its directory appears complete or not at all.
+#
 # Environment:
 #   ENVTEST_K8S_VERSION  Kubernetes version to build (default 1.37.2)
 #   ETCD_VERSION         etcd version to build (default 3.6.16)
@@ -72,12 +89,13 @@ ETCD_VERSION="${ETCD_VERSION#v}"
 # Kubernetes v1.X.Y.
 STAGING_VERSION="v0.${K8S_VERSION#*.}"
 
-CLUSTER=0
+CLUSTER=0 NODE=0
 case "${1:-}" in
   -h|--help)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 0 ;;
   --cluster) CLUSTER=1 ;;
+  --node) NODE=1 ;;
   "") ;;
   *) echo "envtest-assets: unknown argument ${1} (try --help)" >&2; exit 2 ;;
 esac
@@ -415,6 +433,50 @@ if (( CLUSTER )); then
     log "up to date: kube-controller-manager/kube-scheduler v${K8S_VERSION}, kwok v${KWOK_VERSION}"
   fi
   echo "${LOOPS_DIR}:${KWOK_DIR}" >&3
+  exit 0
+fi
+
+if (( NODE )); then
+  NODE_DIR="${ENVTEST_ROOT}/apportion-node/k8s-${K8S_VERSION}-${GOOS}-${GOARCH}"
+  DEBIAN_PACKAGES=(containerd runc containernetworking-plugins iptables)
+  have_kubelet() {
+    check_version "$1/kubelet" "Kubernetes v${K8S_VERSION}" --version
+  }
+  have_debian() {
+    [[ -x /usr/bin/containerd && -x /usr/bin/ctr && -x /usr/sbin/runc && -x /usr/sbin/iptables &&
+       -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]]
+  }
+  STEP="checking ${NODE_DIR}"
+  if ! { have_kubelet "${NODE_DIR}" && have_debian; }; then
+    lock
+    if ! have_debian; then
+      STEP="installing Debian packages ${DEBIAN_PACKAGES[*]}"
+      SUDO=""
+      if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null || { log "${DEBIAN_PACKAGES[*]} are missing and installing them needs root"; exit 1; }
+        SUDO="sudo -n"
+      fi
+      command -v apt-get >/dev/null || { log "${DEBIAN_PACKAGES[*]} are missing and there is no apt-get to install them"; exit 1; }
+      log "installing Debian's ${DEBIAN_PACKAGES[*]} (apt-get update; apt-get install -y)"
+      export DEBIAN_FRONTEND=noninteractive
+      $SUDO apt-get update -qq
+      # --no-install-recommends: no docker.io or cri-tools come along. Debian
+      # starts containerd as a service on install where systemd runs; the lane
+      # never uses that instance (its own has its own root, state and socket).
+      $SUDO apt-get install -y -qq --no-install-recommends "${DEBIAN_PACKAGES[@]}" >/dev/null
+      have_debian || { log "containerd/ctr/runc/iptables/CNI plugins still missing after apt-get install"; exit 1; }
+    fi
+    if ! have_kubelet "${NODE_DIR}"; then
+      new_stage "node-${K8S_VERSION}-${GOOS}-${GOARCH}"
+      build_k8s "${STAGE}" kubelet
+      cd /
+      have_kubelet "${STAGE}" || { log "kubelet in ${STAGE} does not report v${K8S_VERSION}"; exit 1; }
+      install_stage "${NODE_DIR}"
+    fi
+  else
+    log "up to date: kubelet v${K8S_VERSION}, Debian's ${DEBIAN_PACKAGES[*]}"
+  fi
+  echo "${NODE_DIR}" >&3
   exit 0
 fi
 
