@@ -157,8 +157,7 @@ func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {
 var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 func (a *Agent) waitPath(ctx context.Context, path string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	return poll(ctx, timeout, 20*time.Millisecond, func() error {
 		resp, err := probeClient.Get(a.ControlURL() + path)
 		if err == nil {
 			resp.Body.Close()
@@ -168,17 +167,10 @@ func (a *Agent) waitPath(ctx context.Context, path string, timeout time.Duration
 			err = fmt.Errorf("status %d", resp.StatusCode)
 		}
 		if !a.Running() {
-			return fmt.Errorf("%s exited (%w); see %s", a.Name, exitCause(a.ExitErr()), a.LogPath)
+			return fatal(fmt.Errorf("%s exited (%w); see %s", a.Name, exitCause(a.ExitErr()), a.LogPath))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %s not 200 after %s (last: %w); see %s", a.Name, path, timeout, err, a.LogPath)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("%s: %s not 200 after %s (last: %w); see %s", a.Name, path, timeout, err, a.LogPath)
+	})
 }
 
 // exitCause is a process's exit error, or one saying it exited with status 0.
