@@ -88,34 +88,19 @@ func (a *Agent) Endpoint() assignment.Endpoint {
 	return assignment.Endpoint{URL: a.ControlURL(), Pod: a.Namespace + "/" + a.Pod}
 }
 
-// AgentArgs builds the agent's command line for the flags the binary accepts: the pod's
-// identity (what the downward API's POD_NAMESPACE and POD_NAME give a real sidecar) and the
-// trust directory (the apportion-trust ConfigMap's volume).
-func AgentArgs(bin *Binaries, ip string, data, ctl int, namespace, pod, trustDir string, extra ...string) []string {
-	args := []string{
-		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(data)),
-		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(ctl)),
+// NewAgent prepares (does not start) an agent for pod namespace/pod at ip with the flags of a
+// hand-written sidecar: the pod's identity (what the downward API's POD_NAMESPACE and POD_NAME
+// give a real one) and the trust directory (the apportion-trust ConfigMap's volume); its log goes
+// to dir/<pod>.log.
+func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...string) *Agent {
+	spec := AgentSpec{DataPort: AgentDataPort, ControlPort: AgentControlPort, Args: []string{
+		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(AgentDataPort)),
+		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(AgentControlPort)),
 		"--trust-dir=" + trustDir,
 		"--pod-namespace=" + namespace,
 		"--pod-name=" + pod,
-	}
-	if bin.AgentHas("drain-timeout") {
-		args = append(args, "--drain-timeout=2s")
-	}
-	return append(args, extra...)
-}
-
-// NewAgent prepares (does not start) an agent for pod namespace/pod at ip; its log goes to
-// dir/<pod>.log.
-func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...string) *Agent {
-	a := &Agent{Namespace: namespace, Pod: pod, IP: ip, DataPort: AgentDataPort, ControlPort: AgentControlPort, TrustDir: trustDir}
-	a.Proc = &Proc{
-		Name:    "agent " + pod,
-		Path:    bin.Agent,
-		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, namespace, pod, trustDir, extra...),
-		LogPath: filepath.Join(dir, pod+".log"),
-	}
-	return a
+	}}
+	return newAgentFromSpec(bin, namespace, pod, ip, trustDir, dir, spec, extra...)
 }
 
 // newAgentFromSpec prepares the agent of an admitted pod namespace/pod (agentSpecFromPod): its

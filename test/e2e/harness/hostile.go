@@ -74,11 +74,10 @@ type HostileTenant struct {
 
 	mu      sync.Mutex
 	servers []*hostileAgent
-	pods    map[string]HostileKind // every pod, the injected ones under "injected"
 	agents  []*Agent
 }
 
-// InjectedPodKind is the kind Pods reports for an injected pod.
+// InjectedPodKind is the kind Counts reports the injected pods' servers under.
 const InjectedPodKind HostileKind = "injected"
 
 // StartHostileTenant creates the tenant's namespace (labelled for injection when the control
@@ -106,7 +105,7 @@ func StartHostileTenant(ctx context.Context, e *Env, cfg HostileConfig) (out *Ho
 		return nil, errors.New("injected hostile pods need the injection webhook, and the control plane has none")
 	}
 	h := &HostileTenant{Cfg: cfg, Dir: filepath.Join(e.Dir, cfg.Namespace), env: e,
-		counts: map[HostileKind]*hostileCounters{}, pods: map[string]HostileKind{}}
+		counts: map[HostileKind]*hostileCounters{}}
 	for _, k := range append(slices.Clone(HostileKinds), InjectedPodKind) {
 		h.counts[k] = &hostileCounters{}
 	}
@@ -256,8 +255,7 @@ func (h *HostileTenant) createPod(ctx context.Context, name string, edit func(*c
 	return pod, ip, nil
 }
 
-// serve starts the server answering kind's way at ip:port for pod name, counted (and listed by
-// Pods) under podKind.
+// serve starts the server answering kind's way at ip:port for pod name, counted under podKind.
 func (h *HostileTenant) serve(name, ip string, port int, kind, podKind HostileKind) error {
 	srv, err := startHostileAgent(net.JoinHostPort(ip, strconv.Itoa(port)), h.Cfg.Namespace+"/"+name, h.Cfg.Quota, kind, h.counts[podKind])
 	if err != nil {
@@ -265,7 +263,6 @@ func (h *HostileTenant) serve(name, ip string, port int, kind, podKind HostileKi
 	}
 	h.mu.Lock()
 	h.servers = append(h.servers, srv)
-	h.pods[name] = podKind
 	h.mu.Unlock()
 	return nil
 }
@@ -284,20 +281,6 @@ func (h *HostileTenant) Counts() map[HostileKind]HostileCounts {
 	out := make(map[HostileKind]HostileCounts, len(h.counts))
 	for k, c := range h.counts {
 		out[k] = c.snapshot()
-	}
-	return out
-}
-
-// Pods lists the tenant's pods by kind (InjectedPodKind for the injected ones), names sorted.
-func (h *HostileTenant) Pods() map[HostileKind][]string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := map[HostileKind][]string{}
-	for name, k := range h.pods {
-		out[k] = append(out[k], name)
-	}
-	for _, names := range out {
-		slices.Sort(names)
 	}
 	return out
 }
