@@ -88,34 +88,19 @@ func (a *Agent) Endpoint() assignment.Endpoint {
 	return assignment.Endpoint{URL: a.ControlURL(), Pod: a.Namespace + "/" + a.Pod}
 }
 
-// AgentArgs builds the agent's command line for the flags the binary accepts: the pod's
-// identity (what the downward API's POD_NAMESPACE and POD_NAME give a real sidecar) and the
-// trust directory (the apportion-trust ConfigMap's volume).
-func AgentArgs(bin *Binaries, ip string, data, ctl int, namespace, pod, trustDir string, extra ...string) []string {
-	args := []string{
-		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(data)),
-		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(ctl)),
+// NewAgent prepares (does not start) an agent for pod namespace/pod at ip with the flags of a
+// hand-written sidecar: the pod's identity (what the downward API's POD_NAMESPACE and POD_NAME
+// give a real one) and the trust directory (the apportion-trust ConfigMap's volume); its log goes
+// to dir/<pod>.log.
+func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...string) *Agent {
+	spec := AgentSpec{DataPort: AgentDataPort, ControlPort: AgentControlPort, Args: []string{
+		"--listen=" + net.JoinHostPort(ip, strconv.Itoa(AgentDataPort)),
+		"--control-listen=" + net.JoinHostPort(ip, strconv.Itoa(AgentControlPort)),
 		"--trust-dir=" + trustDir,
 		"--pod-namespace=" + namespace,
 		"--pod-name=" + pod,
-	}
-	if bin.AgentHas("drain-timeout") {
-		args = append(args, "--drain-timeout=2s")
-	}
-	return append(args, extra...)
-}
-
-// NewAgent prepares (does not start) an agent for pod namespace/pod at ip; its log goes to
-// dir/<pod>.log.
-func NewAgent(bin *Binaries, namespace, pod, ip, trustDir, dir string, extra ...string) *Agent {
-	a := &Agent{Namespace: namespace, Pod: pod, IP: ip, DataPort: AgentDataPort, ControlPort: AgentControlPort, TrustDir: trustDir}
-	a.Proc = &Proc{
-		Name:    "agent " + pod,
-		Path:    bin.Agent,
-		Args:    AgentArgs(bin, ip, a.DataPort, a.ControlPort, namespace, pod, trustDir, extra...),
-		LogPath: filepath.Join(dir, pod+".log"),
-	}
-	return a
+	}}
+	return newAgentFromSpec(bin, namespace, pod, ip, trustDir, dir, spec, extra...)
 }
 
 // newAgentFromSpec prepares the agent of an admitted pod namespace/pod (agentSpecFromPod): its
@@ -157,8 +142,7 @@ func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {
 var probeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 func (a *Agent) waitPath(ctx context.Context, path string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	return poll(ctx, timeout, 20*time.Millisecond, func() error {
 		resp, err := probeClient.Get(a.ControlURL() + path)
 		if err == nil {
 			resp.Body.Close()
@@ -168,17 +152,10 @@ func (a *Agent) waitPath(ctx context.Context, path string, timeout time.Duration
 			err = fmt.Errorf("status %d", resp.StatusCode)
 		}
 		if !a.Running() {
-			return fmt.Errorf("%s exited (%w); see %s", a.Name, exitCause(a.ExitErr()), a.LogPath)
+			return fatal(fmt.Errorf("%s exited (%w); see %s", a.Name, exitCause(a.ExitErr()), a.LogPath))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %s not 200 after %s (last: %w); see %s", a.Name, path, timeout, err, a.LogPath)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("%s: %s not 200 after %s (last: %w); see %s", a.Name, path, timeout, err, a.LogPath)
+	})
 }
 
 // exitCause is a process's exit error, or one saying it exited with status 0.

@@ -104,24 +104,13 @@ func build(ctx context.Context) (*Binaries, error) {
 		race = raceEnabled
 	}
 	b := &Binaries{Dir: dir, Manager: filepath.Join(dir, "manager"), Race: race}
-	args, env := buildFlags(dir, race)
 	start := time.Now()
-	goBuild := func(pkg string) error {
-		cmd := exec.CommandContext(ctx, "go", append(args, pkg)...)
-		cmd.Dir = root
-		cmd.Env = env
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("go %s: %w\n%s", strings.Join(append(args, pkg), " "), err, out.String())
-		}
-		return nil
-	}
+	buildPkg := func(pkg string) error { return goBuild(ctx, root, dir, race, pkg) }
 	managerPkg := "./cmd/manager"
 	if p := os.Getenv("E2E_MANAGER_PKG"); p != "" {
 		managerPkg = p // a variant of the manager, e.g. while a change is being wired
 	}
-	if err := goBuild(managerPkg); err != nil {
+	if err := buildPkg(managerPkg); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -133,7 +122,7 @@ func build(ctx context.Context) (*Binaries, error) {
 	}
 	if fi, err := os.Stat(filepath.Join(root, "cmd", "agent")); err != nil || !fi.IsDir() {
 		b.AgentErr = errors.New("cmd/agent does not exist")
-	} else if err := goBuild("./cmd/agent"); err != nil {
+	} else if err := buildPkg("./cmd/agent"); err != nil {
 		b.AgentErr = err
 	} else {
 		b.Agent = filepath.Join(dir, "agent")
@@ -148,6 +137,21 @@ func build(ctx context.Context) (*Binaries, error) {
 		}
 	}
 	return b, nil
+}
+
+// goBuild builds main package pkg of the repository at root into dir (buildFlags).
+func goBuild(ctx context.Context, root, dir string, race bool, pkg string) error {
+	args, env := buildFlags(dir, race)
+	args = append(args, pkg)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return nil
 }
 
 // buildFlags are the go build arguments (up to the package) and environment of the binaries
@@ -200,14 +204,8 @@ func BuildPackage(ctx context.Context, pkg string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	args, env := buildFlags(b.Dir, b.Race)
-	cmd := exec.CommandContext(ctx, "go", append(args, pkg)...)
-	cmd.Dir = root
-	cmd.Env = env
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go %s: %w\n%s", strings.Join(append(args, pkg), " "), err, out.String())
+	if err := goBuild(ctx, root, b.Dir, b.Race, pkg); err != nil {
+		return "", err
 	}
 	return filepath.Join(b.Dir, filepath.Base(pkg)), nil
 }

@@ -57,8 +57,8 @@ type ClusterConfig struct {
 // kube-controller-manager (ClusterControllers), the real kube-scheduler, and kwok playing the
 // nodes and the pods' lifecycle on them (stages in kwokStages): it gives each scheduled pod an
 // address from its node's podCIDR — a loopback /24, so a pod's IP is where its agent can
-// listen — and phase Running; Ready once the harness's kubelet (kubelet.go's agent runner, see
-// runPods) has marked the pod's agent ready; and deletes a terminating pod once the harness
+// listen — and phase Running; Ready once the harness's kubelet (clusterPods, through
+// runAgent) has marked the pod's agent ready; and deletes a terminating pod once the harness
 // has stopped its agent. Node i's podCIDR is 127.B.(200+i).0/24, B being the IPPool's.
 type Cluster struct {
 	CP  *ControlPlane
@@ -214,8 +214,7 @@ func (c *Cluster) DeleteNode(ctx context.Context, name string) error {
 }
 
 func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	return poll(ctx, timeout, 100*time.Millisecond, func() error {
 		var list corev1.NodeList
 		err := c.CP.Client.List(ctx, &list, client.HasLabels{"type"})
 		ready := 0
@@ -229,23 +228,16 @@ func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration) err
 		if err == nil && ready >= len(c.Nodes()) {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return fmt.Errorf("kwok nodes not Ready after %s: listing them: %w", timeout, err)
-			}
-			return fmt.Errorf("kwok nodes not Ready after %s (%d of %d): see %s", timeout, ready, len(c.Nodes()), c.Kwok.LogPath)
-		}
 		for _, p := range []*Proc{c.KCM, c.Scheduler, c.Kwok} {
 			if !p.Running() {
-				return fmt.Errorf("%s exited (%w): see %s", p.Name, exitCause(p.ExitErr()), p.LogPath)
+				return fatal(fmt.Errorf("%s exited (%w): see %s", p.Name, exitCause(p.ExitErr()), p.LogPath))
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err != nil {
+			return fmt.Errorf("kwok nodes not Ready after %s: listing them: %w", timeout, err)
 		}
-	}
+		return fmt.Errorf("kwok nodes not Ready after %s (%d of %d): see %s", timeout, ready, len(c.Nodes()), c.Kwok.LogPath)
+	})
 }
 
 // Stop stops the three processes.

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -206,49 +205,41 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
-// startAgent runs the pod's agent at its address and, once it is ready, has kwok mark the pod
-// Ready.
+// startAgent runs the pod's agent at its address (runAgent) and, once it is ready, has kwok
+// mark the pod Ready.
 func (cl *clusterPods) startAgent(pod *corev1.Pod, r *podRun) {
 	w := cl.w
-	var once sync.Once
-	started := func() { once.Do(func() { close(r.started) }) }
-	defer started()
+	defer close(r.started)
 	if w.cfg.NoAgents {
 		cl.annotate(pod.Name, AgentReadyAnnotation)
 		return
 	}
-	spec, err := agentSpecFromPod(pod, r.ip, w.keys.Dir)
-	if err != nil {
-		cl.fail(err)
-		return
+	errGone := errors.New("the pod is gone")
+	_, err := w.runAgent(cl.ctx, pod, r.ip, podProbe{
+		gated: true, // no traffic before its pod is Ready
+		started: func(a *Agent) error {
+			w.mu.Lock()
+			r.agent = a
+			gone := r.gone || r.lost
+			w.mu.Unlock()
+			w.cfg.Logf("pod %s on %s at %s (agent pid %d)", pod.Name, r.node, r.ip, a.Pid())
+			if gone {
+				cl.killAgent(r)
+				return errGone
+			}
+			return nil
+		},
+		// A live pod whose agent never gets ready fails WaitSettled.
+		ready: func() {
+			w.mu.Lock()
+			r.enforced = time.Now()
+			w.mu.Unlock()
+			cl.annotate(pod.Name, AgentReadyAnnotation)
+		},
+	})
+	if err != nil && !errors.Is(err, errGone) && cl.ctx.Err() == nil {
+		cl.fail(fmt.Errorf("pod %s on %s: %w", pod.Name, r.node, err))
 	}
-	a := newAgentFromSpec(w.bin, w.cfg.Namespace, pod.Name, r.ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
-	a.gated.Store(true) // no traffic before its pod is Ready
-	if err := a.Start(cl.ctx); err != nil {
-		_ = a.Kill()
-		if cl.ctx.Err() == nil {
-			cl.fail(fmt.Errorf("pod %s on %s: %w", pod.Name, r.node, err))
-		}
-		return
-	}
-	w.mu.Lock()
-	r.agent = a
-	w.agents[pod.Name] = a
-	gone := r.gone || r.lost
-	w.mu.Unlock()
-	started()
-	w.cfg.Logf("pod %s on %s at %s (agent pid %d)", pod.Name, r.node, r.ip, a.Pid())
-	if gone {
-		cl.killAgent(r)
-		return
-	}
-	if err := a.WaitReady(cl.ctx, 30*time.Second); err != nil {
-		return // stopped, killed or the test ended; a live pod that never gets ready fails WaitSettled
-	}
-	w.mu.Lock()
-	r.enforced = time.Now()
-	w.mu.Unlock()
-	cl.annotate(pod.Name, AgentReadyAnnotation)
 }
 
 // stopAgent plays a terminating pod: preStop (Terminating), SIGTERM, drain, exit; then kwok may
@@ -269,26 +260,14 @@ func (cl *clusterPods) stopAgent(r *podRun) {
 	a := r.agent
 	w.mu.Unlock()
 	if a != nil && a.Running() {
-		select {
-		case <-cl.ctx.Done():
+		if sleepOrDone(cl.ctx, term) != nil {
 			return
-		case <-time.After(term):
 		}
-		// SIGTERM reaches the app and the agent together: the app stops calling, the agent drains.
-		a.SetDraining()
-		grace := 5 * time.Second
-		if a.Suspended() {
-			grace = 0
-		}
-		if err := a.Stop(grace); err != nil {
+		if err := w.drainAgent(r.name, a); err != nil {
 			cl.fail(fmt.Errorf("stopping the agent of %s: %w", r.name, err))
 		}
 	}
-	w.mu.Lock()
-	if a != nil && w.agents[r.name] == a {
-		delete(w.agents, r.name)
-	}
-	w.mu.Unlock()
+	w.dropAgent(r.name, a)
 	cl.annotate(r.name, AgentStoppedAnnotation)
 }
 
@@ -325,11 +304,7 @@ func (cl *clusterPods) killAgent(r *podRun) {
 		w.cfg.Logf("agent %s: kill -9", r.name)
 		_ = a.Kill()
 	}
-	w.mu.Lock()
-	if w.agents[r.name] == a {
-		delete(w.agents, r.name)
-	}
-	w.mu.Unlock()
+	w.dropAgent(r.name, a)
 }
 
 // annotate sets annotation key=true on pod name (a merge patch: no conflicts). A pod already
@@ -351,85 +326,6 @@ func (cl *clusterPods) annotate(name, key string) {
 			return
 		case <-time.After(100 * time.Millisecond):
 		}
-	}
-}
-
-// createInCluster creates the workload's Deployment and HPA and waits for the
-// Deployment's pods to be ready with their agents enforcing.
-func (w *Workload) createInCluster(ctx context.Context, replicas int32) error {
-	cl, err := newClusterPods(w)
-	if err != nil {
-		return err
-	}
-	w.cl = cl
-	if err := cl.run(ctx); err != nil {
-		return err
-	}
-	d := w.deployment().DeepCopy()
-	d.Namespace, d.Spec.Replicas = w.cfg.Namespace, ptr.To(replicas)
-	if err := w.cp.Client.Create(ctx, d); err != nil {
-		return fmt.Errorf("creating the Deployment: %w", err)
-	}
-	h := w.hpa().DeepCopy()
-	h.Namespace = w.cfg.Namespace
-	if err := w.cp.Client.Create(ctx, h); err != nil {
-		return fmt.Errorf("creating the HPA: %w", err)
-	}
-	if err := w.SetHPA(ctx, replicas, replicas); err != nil {
-		return err
-	}
-	return w.WaitSettled(ctx, replicas, 2*time.Minute)
-}
-
-// scaleInCluster plays the HPA controller's scale event: its decision in the HPA's status,
-// spec.replicas through the Deployment's scale subresource, then — the ReplicaSet controller
-// having created or deleted (choosing the victims itself) the pods — what it sees.
-func (w *Workload) scaleInCluster(ctx context.Context, n int32, o ScaleOptions) error {
-	pause := func(phase string) error {
-		if o.BetweenPhases != nil {
-			o.BetweenPhases(phase)
-		}
-		return sleepOrDone(ctx, o.Step)
-	}
-	w.mu.Lock()
-	w.cl.terminating = w.cfg.Terminating
-	if o.Terminating > 0 {
-		w.cl.terminating = o.Terminating
-	}
-	w.mu.Unlock()
-	if err := w.SetHPA(ctx, n, int32(len(w.Pods()))); err != nil {
-		return err
-	}
-	if err := pause("decided"); err != nil {
-		return err
-	}
-	if err := w.Scale(ctx, n); err != nil {
-		return err
-	}
-	if err := pause("spec"); err != nil {
-		return err
-	}
-	if err := w.WaitSettled(ctx, n, 2*time.Minute); err != nil {
-		return err
-	}
-	if err := pause("pods"); err != nil {
-		return err
-	}
-	if err := w.SetHPA(ctx, n, int32(len(w.Pods()))); err != nil {
-		return err
-	}
-	return pause("current")
-}
-
-func sleepOrDone(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
 	}
 }
 
@@ -463,9 +359,7 @@ func (w *Workload) WaitSettled(ctx context.Context, n int32, timeout time.Durati
 	if w.cl == nil {
 		return errors.New("WaitSettled: not in the cluster mode")
 	}
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	return poll(ctx, timeout, 50*time.Millisecond, func() error {
 		w.mu.Lock()
 		errs := errors.Join(w.cl.errs...)
 		var waiting []string
@@ -482,7 +376,7 @@ func (w *Workload) WaitSettled(ctx context.Context, n int32, timeout time.Durati
 		pods := len(w.cl.pods)
 		w.mu.Unlock()
 		if errs != nil {
-			return errs
+			return fatal(errs)
 		}
 		var d appsv1.Deployment
 		err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: w.deployment().Name}, &d)
@@ -492,15 +386,9 @@ func (w *Workload) WaitSettled(ctx context.Context, n int32, timeout time.Durati
 			return nil
 		}
 		sort.Strings(waiting)
-		last = fmt.Sprintf("deployment replicas=%d updated=%d ready=%d available=%d (generation %d observed %d, err %v); %d pods, waiting for %s",
-			st.Replicas, st.UpdatedReplicas, st.ReadyReplicas, st.AvailableReplicas, d.Generation, st.ObservedGeneration, err, pods, strings.Join(waiting, ", "))
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the Deployment did not settle at %d pods within %s: %s", n, timeout, last)
-		}
-		if err := sleepOrDone(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
+		return fmt.Errorf("the Deployment did not settle at %d pods within %s: deployment replicas=%d updated=%d ready=%d available=%d (generation %d observed %d, err %s); %d pods, waiting for %s",
+			n, timeout, st.Replicas, st.UpdatedReplicas, st.ReadyReplicas, st.AvailableReplicas, d.Generation, st.ObservedGeneration, fmt.Sprint(err), pods, strings.Join(waiting, ", "))
+	})
 }
 
 // LoseNode plays the loss of a node: every agent on it is killed (kill -9: the machine is

@@ -138,6 +138,15 @@ func (cp *ControlPlane) EnableInjection(ctx context.Context, name string) error 
 	return cp.Client.Patch(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, client.RawPatch(types.MergePatchType, patch))
 }
 
+// CreatePodNamespace creates a namespace for a workload's pods: labelled for injection when the
+// control plane has the webhook, so that its pods get their agents from the manager's webhook.
+func (cp *ControlPlane) CreatePodNamespace(ctx context.Context, name string) error {
+	if err := cp.CreateNamespace(ctx, name); err != nil || cp.Webhook == nil {
+		return err
+	}
+	return cp.EnableInjection(ctx, name)
+}
+
 // CreateNamespace creates a namespace (an existing one is fine).
 func (cp *ControlPlane) CreateNamespace(ctx context.Context, name string) error {
 	if err := cp.Client.Create(ctx, builders.MakeNamespace(name).Obj()); err != nil && !apierrors.IsAlreadyExists(err) {

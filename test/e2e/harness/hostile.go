@@ -74,11 +74,10 @@ type HostileTenant struct {
 
 	mu      sync.Mutex
 	servers []*hostileAgent
-	pods    map[string]HostileKind // every pod, the injected ones under "injected"
 	agents  []*Agent
 }
 
-// InjectedPodKind is the kind Pods reports for an injected pod.
+// InjectedPodKind is the kind Counts reports the injected pods' servers under.
 const InjectedPodKind HostileKind = "injected"
 
 // StartHostileTenant creates the tenant's namespace (labelled for injection when the control
@@ -106,7 +105,7 @@ func StartHostileTenant(ctx context.Context, e *Env, cfg HostileConfig) (out *Ho
 		return nil, errors.New("injected hostile pods need the injection webhook, and the control plane has none")
 	}
 	h := &HostileTenant{Cfg: cfg, Dir: filepath.Join(e.Dir, cfg.Namespace), env: e,
-		counts: map[HostileKind]*hostileCounters{}, pods: map[string]HostileKind{}}
+		counts: map[HostileKind]*hostileCounters{}}
 	for _, k := range append(slices.Clone(HostileKinds), InjectedPodKind) {
 		h.counts[k] = &hostileCounters{}
 	}
@@ -121,13 +120,8 @@ func StartHostileTenant(ctx context.Context, e *Env, cfg HostileConfig) (out *Ho
 		return nil, err
 	}
 	c := e.CP.Client
-	if err := e.CP.CreateNamespace(ctx, cfg.Namespace); err != nil {
+	if err := e.CP.CreatePodNamespace(ctx, cfg.Namespace); err != nil {
 		return nil, err
-	}
-	if e.CP.Webhook != nil {
-		if err := e.CP.EnableInjection(ctx, cfg.Namespace); err != nil {
-			return nil, err
-		}
 	}
 	total := int32(cfg.Injected)
 	for _, n := range cfg.Pods {
@@ -200,68 +194,77 @@ func StartHostileTenant(ctx context.Context, e *Env, cfg HostileConfig) (out *Ho
 
 // addHostile creates one opted-out pod of kind and serves kind's answers at its agent port.
 func (h *HostileTenant) addHostile(ctx context.Context, kind HostileKind, i int) error {
-	ip, err := h.env.IPs.Next()
+	pod, ip, err := h.createPod(ctx, fmt.Sprintf("%s-%s-%03d", h.Cfg.Workload, kind, i), func(pod *corev1.Pod) {
+		pod.Annotations[apportionv1.InjectAnnotation] = "false"
+		if i%2 == 0 {
+			pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(AgentControlPort)
+		} else {
+			pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: AgentControlPort}}
+		}
+	})
 	if err != nil {
 		return err
 	}
-	name := fmt.Sprintf("%s-%s-%03d", h.Cfg.Workload, kind, i)
-	pod := h.podObject(name)
-	pod.Annotations[apportionv1.InjectAnnotation] = "false"
-	if i%2 == 0 {
-		pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(AgentControlPort)
-	} else {
-		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: apportionv1.AgentPortName, ContainerPort: AgentControlPort}}
-	}
-	if err := createPod(ctx, h.env.CP.Client, pod, h.Cfg.Logf); err != nil {
-		return fmt.Errorf("creating pod %s: %w", name, err)
-	}
-	srv, err := startHostileAgent(net.JoinHostPort(ip, strconv.Itoa(AgentControlPort)), h.Cfg.Namespace+"/"+name, h.Cfg.Quota, kind, h.counts[kind])
-	if err != nil {
+	if err := h.serve(pod.Name, ip, AgentControlPort, kind, kind); err != nil {
 		return err
 	}
-	h.mu.Lock()
-	h.servers = append(h.servers, srv)
-	h.pods[name] = kind
-	h.mu.Unlock()
-	return h.running(ctx, pod, ip, true)
+	return writeRunning(ctx, h.env.CP.Client, pod, ip, true)
 }
 
 // addInjected creates a pod the webhook gives the genuine agent while the pod's own annotation
 // points at a hostile server beside it; the harness runs both.
 func (h *HostileTenant) addInjected(ctx context.Context, i int) error {
-	ip, err := h.env.IPs.Next()
+	pod, ip, err := h.createPod(ctx, fmt.Sprintf("%s-injected-%03d", h.Cfg.Workload, i), func(pod *corev1.Pod) {
+		pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(InjectedPort)
+	})
 	if err != nil {
 		return err
-	}
-	name := fmt.Sprintf("%s-injected-%03d", h.Cfg.Workload, i)
-	pod := h.podObject(name)
-	pod.Annotations[apportionv1.AgentPortAnnotation] = strconv.Itoa(InjectedPort)
-	if err := createPod(ctx, h.env.CP.Client, pod, h.Cfg.Logf); err != nil {
-		return fmt.Errorf("creating pod %s: %w", name, err)
 	}
 	spec, err := agentSpecFromPod(pod, ip, h.Keys.Dir)
 	if err != nil {
 		return err
 	}
 	if got := pod.Annotations[apportionv1.AgentPortAnnotation]; got != strconv.Itoa(InjectedPort) {
-		h.Cfg.Logf("pod %s: admitted with agent-port annotation %q (it asked for %d)", name, got, InjectedPort)
+		h.Cfg.Logf("pod %s: admitted with agent-port annotation %q (it asked for %d)", pod.Name, got, InjectedPort)
 	}
-	a := newAgentFromSpec(h.env.Bin, h.Cfg.Namespace, name, ip, h.Keys.Dir, h.Dir, spec)
+	a := newAgentFromSpec(h.env.Bin, h.Cfg.Namespace, pod.Name, ip, h.Keys.Dir, h.Dir, spec)
 	h.mu.Lock()
 	h.agents = append(h.agents, a)
 	h.mu.Unlock()
 	if err := a.Start(ctx); err != nil {
 		return err
 	}
-	srv, err := startHostileAgent(net.JoinHostPort(ip, strconv.Itoa(InjectedPort)), h.Cfg.Namespace+"/"+name, h.Cfg.Quota, h.Cfg.InjectedKind, h.counts[InjectedPodKind])
+	if err := h.serve(pod.Name, ip, InjectedPort, h.Cfg.InjectedKind, InjectedPodKind); err != nil {
+		return err
+	}
+	return writeRunning(ctx, h.env.CP.Client, pod, ip, false)
+}
+
+// createPod creates the tenant's pod name, edited, through the API server, for a fresh loopback
+// address.
+func (h *HostileTenant) createPod(ctx context.Context, name string, edit func(*corev1.Pod)) (*corev1.Pod, string, error) {
+	ip, err := h.env.IPs.Next()
+	if err != nil {
+		return nil, "", err
+	}
+	pod := h.podObject(name)
+	edit(pod)
+	if err := createPod(ctx, h.env.CP.Client, pod, h.Cfg.Logf); err != nil {
+		return nil, "", fmt.Errorf("creating pod %s: %w", name, err)
+	}
+	return pod, ip, nil
+}
+
+// serve starts the server answering kind's way at ip:port for pod name, counted under podKind.
+func (h *HostileTenant) serve(name, ip string, port int, kind, podKind HostileKind) error {
+	srv, err := startHostileAgent(net.JoinHostPort(ip, strconv.Itoa(port)), h.Cfg.Namespace+"/"+name, h.Cfg.Quota, kind, h.counts[podKind])
 	if err != nil {
 		return err
 	}
 	h.mu.Lock()
 	h.servers = append(h.servers, srv)
-	h.pods[name] = InjectedPodKind
 	h.mu.Unlock()
-	return h.running(ctx, pod, ip, false)
+	return nil
 }
 
 func (h *HostileTenant) podObject(name string) *corev1.Pod {
@@ -272,47 +275,12 @@ func (h *HostileTenant) podObject(name string) *corev1.Pod {
 	}
 }
 
-// running writes the status a kubelet would: Running at ip, Ready as the tenant says.
-func (h *HostileTenant) running(ctx context.Context, pod *corev1.Pod, ip string, ready bool) error {
-	orig := pod.DeepCopy()
-	now := metav1.Now()
-	readyStatus := corev1.ConditionFalse
-	if ready {
-		readyStatus = corev1.ConditionTrue
-	}
-	pod.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: "127.0.0.1", StartTime: &now,
-		Conditions: []corev1.PodCondition{
-			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.PodReady, Status: readyStatus, LastTransitionTime: now},
-		},
-	}
-	if err := h.env.CP.Client.Status().Patch(ctx, pod, client.MergeFrom(orig)); err != nil {
-		return fmt.Errorf("writing pod %s status: %w", pod.Name, err)
-	}
-	return nil
-}
-
 // Counts is what each kind's servers saw so far; under InjectedPodKind, the servers at the port
 // the injected pods' own annotation names.
 func (h *HostileTenant) Counts() map[HostileKind]HostileCounts {
 	out := make(map[HostileKind]HostileCounts, len(h.counts))
 	for k, c := range h.counts {
 		out[k] = c.snapshot()
-	}
-	return out
-}
-
-// Pods lists the tenant's pods by kind (InjectedPodKind for the injected ones), names sorted.
-func (h *HostileTenant) Pods() map[HostileKind][]string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := map[HostileKind][]string{}
-	for name, k := range h.pods {
-		out[k] = append(out[k], name)
-	}
-	for _, names := range out {
-		slices.Sort(names)
 	}
 	return out
 }
@@ -342,14 +310,10 @@ func (h *HostileTenant) Close() {
 		wg.Go(func() { _ = a.Kill() })
 	}
 	wg.Wait()
+	deleteAllIn(h.env.CP.Client, h.Cfg.Namespace, &apportionv1.DownstreamQuota{}, &appsv1.Deployment{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c := h.env.CP.Client
-	ns := client.InNamespace(h.Cfg.Namespace)
-	_ = c.DeleteAllOf(ctx, &apportionv1.DownstreamQuota{}, ns)
-	_ = c.DeleteAllOf(ctx, &appsv1.Deployment{}, ns)
-	_ = c.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.GracePeriodSeconds(0))
-	_ = c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: h.Cfg.Namespace, Name: TrustConfigMap}})
+	_ = h.env.CP.Client.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: h.Cfg.Namespace, Name: TrustConfigMap}})
 }
 
 // Trust edits a namespace editor can make to the apportion-trust ConfigMap of its namespace.

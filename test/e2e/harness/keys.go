@@ -104,24 +104,15 @@ func (k *TrustDir) Sync(ctx context.Context) (bool, error) {
 
 // Wait syncs until the ConfigMap exists in the pods' namespace, up to timeout.
 func (k *TrustDir) Wait(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := k.Sync(ctx)
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
+	return poll(ctx, timeout, 100*time.Millisecond, func() error {
+		switch ok, err := k.Sync(ctx); {
+		case err != nil:
+			return fatal(err)
+		case !ok:
 			return fmt.Errorf("no ConfigMap %s/%s after %s: the manager did not publish its keys there", k.Namespace, TrustConfigMap, timeout)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
 
 // Run keeps the directory in sync every period until ctx ends (key rotation).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
@@ -50,6 +51,91 @@ func createPod(ctx context.Context, c client.Client, pod *corev1.Pod, logf func(
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// writeRunning writes the status a kubelet gives a started pod: Running at ip, Ready or not yet
+// (AgentNotReady).
+func writeRunning(ctx context.Context, c client.Client, pod *corev1.Pod, ip string, ready bool) error {
+	orig := pod.DeepCopy()
+	now := metav1.Now()
+	readyCond := corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}
+	if !ready {
+		readyCond.Status, readyCond.Reason = corev1.ConditionFalse, "AgentNotReady"
+	}
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: "127.0.0.1", StartTime: &now,
+		Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}, readyCond},
+	}
+	if err := c.Status().Patch(ctx, pod, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("writing pod %s status: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// podProbe is what one mode's kubelet adds to runAgent.
+type podProbe struct {
+	// gated: no traffic reaches the agent until the mode lets it (Agent.gated).
+	gated bool
+	// started runs once the agent's process answers /healthz, before the readiness probe: the
+	// mode's bookkeeping and the pod's status. An error stops there: runAgent returns it.
+	started func(*Agent) error
+	// ready turns the pod Ready once the agent answered /readyz.
+	ready func()
+}
+
+// runAgent is the kubelet's one pod-readiness path, in both modes (AddPod in the simulated one,
+// clusterPods.startAgent in the cluster one): it runs the admitted pod's agent at ip as the
+// pod's agent container says (agentSpecFromPod), makes it one of the workload's agents, calls
+// p.started, and then plays the readiness probe in the background: once the agent answers
+// /readyz — it applied an assignment, so it enforces its permits — p.ready turns the pod Ready
+// (the simulated mode patches the pod's status; in the cluster mode kwok does, on an
+// annotation). An agent that never gets ready, or exits, leaves its pod not Ready.
+func (w *Workload) runAgent(ctx context.Context, pod *corev1.Pod, ip string, p podProbe) (*Agent, error) {
+	spec, err := agentSpecFromPod(pod, ip, w.keys.Dir)
+	if err != nil {
+		return nil, err
+	}
+	a := newAgentFromSpec(w.bin, w.cfg.Namespace, pod.Name, ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
+	a.gated.Store(p.gated)
+	if err := a.Start(ctx); err != nil {
+		_ = a.Kill()
+		return nil, err
+	}
+	w.mu.Lock()
+	w.agents[pod.Name] = a
+	w.mu.Unlock()
+	if err := p.started(a); err != nil {
+		return a, err
+	}
+	w.wg.Go(func() {
+		if a.WaitReady(ctx, 30*time.Second) == nil {
+			p.ready()
+		}
+	})
+	return a, nil
+}
+
+// drainAgent plays SIGTERM reaching a pod's containers: the app stops calling, the agent drains
+// for up to 5 s (a frozen one cannot: it is killed at once, the grace would only slow the test)
+// and exits; it is then no longer one of the workload's agents.
+func (w *Workload) drainAgent(name string, a *Agent) error {
+	a.SetDraining()
+	grace := 5 * time.Second
+	if a.Suspended() {
+		grace = 0
+	}
+	err := a.Stop(grace)
+	w.dropAgent(name, a)
+	return err
+}
+
+// dropAgent forgets pod name's agent a (not one started since for the same name).
+func (w *Workload) dropAgent(name string, a *Agent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a != nil && w.agents[name] == a {
+		delete(w.agents, name)
 	}
 }
 
@@ -108,6 +194,7 @@ func agentSpecFromPod(pod *corev1.Pod, ip, trustDir string) (AgentSpec, error) {
 		}
 		return net.JoinHostPort(ip, port), n, nil
 	}
+	ports := map[string]*int{"--listen": &s.DataPort, "--control-listen": &s.ControlPort}
 	for _, a := range c.Args {
 		name, value, hasValue := strings.Cut(a, "=")
 		switch name {
@@ -116,22 +203,14 @@ func agentSpecFromPod(pod *corev1.Pod, ip, trustDir string) (AgentSpec, error) {
 				return AgentSpec{}, fmt.Errorf("pod %s: the harness reads %s only in the --flag=value form", pod.Name, name)
 			}
 		}
-		switch name {
-		case "--listen":
-			addr, port, err := listen(name, value)
+		switch port := ports[name]; {
+		case port != nil:
+			addr, n, err := listen(name, value)
 			if err != nil {
 				return AgentSpec{}, err
 			}
-			s.DataPort = port
-			a = name + "=" + addr
-		case "--control-listen":
-			addr, port, err := listen(name, value)
-			if err != nil {
-				return AgentSpec{}, err
-			}
-			s.ControlPort = port
-			a = name + "=" + addr
-		case "--trust-dir":
+			*port, a = n, name+"="+addr
+		case name == "--trust-dir":
 			if err := trustVolumeAt(pod, c, value); err != nil {
 				return AgentSpec{}, err
 			}

@@ -104,9 +104,8 @@ func (m *Manager) Starts() int { return int(m.starts.Load()) }
 
 // WaitReady polls the manager's /readyz.
 func (m *Manager) WaitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
 	c := &http.Client{Timeout: 500 * time.Millisecond}
-	for {
+	return poll(ctx, timeout, 50*time.Millisecond, func() error {
 		resp, err := c.Get("http://" + m.probe + "/readyz")
 		if err == nil {
 			resp.Body.Close()
@@ -115,17 +114,10 @@ func (m *Manager) WaitReady(ctx context.Context, timeout time.Duration) error {
 			}
 		}
 		if !m.Running() {
-			return fmt.Errorf("manager exited before ready (%w); see %s", exitCause(m.ExitErr()), m.LogPath)
+			return fatal(fmt.Errorf("manager exited before ready (%w); see %s", exitCause(m.ExitErr()), m.LogPath))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("manager not ready after %s; see %s", timeout, m.LogPath)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("manager not ready after %s; see %s", timeout, m.LogPath)
+	})
 }
 
 // Restart kills the manager (SIGKILL) and starts it again.

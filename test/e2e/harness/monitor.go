@@ -264,8 +264,6 @@ type Monitor struct {
 	stats    MonitorStats
 	stopped  bool
 	stopTime time.Time
-	// window maxima since the last ResetWindow
-	winPermits, winInFlight int32
 }
 
 type poller struct {
@@ -447,8 +445,6 @@ func (m *Monitor) sample(ctx context.Context) {
 			delete(m.pollers, a)
 		}
 	}
-	m.winPermits = max(m.winPermits, s.SumPermits)
-	m.winInFlight = max(m.winInFlight, s.SumInFlight)
 	st := &m.stats
 	st.Samples++
 	st.MaxSumPermits = max(st.MaxSumPermits, s.SumPermits)
@@ -583,16 +579,6 @@ func (m *Monitor) Stats() MonitorStats {
 		s.Downstream.Limit = int64(m.cfg.Limit)
 	}
 	return s
-}
-
-// ResetWindow returns the highest Σ permits and Σ in-flight sampled since the previous call
-// and starts a new window.
-func (m *Monitor) ResetWindow() (maxPermits, maxInFlight int32) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	maxPermits, maxInFlight = m.winPermits, m.winInFlight
-	m.winPermits, m.winInFlight = 0, 0
-	return maxPermits, maxInFlight
 }
 
 // Last returns the last good reading of pod's agent.

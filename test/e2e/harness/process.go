@@ -152,23 +152,17 @@ func (p *Proc) signal(sig syscall.Signal) error {
 var errNotRunning = errors.New("not running")
 
 // Suspend sends SIGSTOP: the process stays alive but answers nothing.
-func (p *Proc) Suspend() error {
-	if err := p.signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
-	return nil
-}
+func (p *Proc) Suspend() error { return p.freeze(syscall.SIGSTOP, true) }
 
 // Resume sends SIGCONT.
-func (p *Proc) Resume() error {
-	if err := p.signal(syscall.SIGCONT); err != nil {
+func (p *Proc) Resume() error { return p.freeze(syscall.SIGCONT, false) }
+
+func (p *Proc) freeze(sig syscall.Signal, stopped bool) error {
+	if err := p.signal(sig); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	p.stopped = false
+	p.stopped = stopped
 	p.mu.Unlock()
 	return nil
 }

@@ -159,14 +159,8 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		return nil, err
 	}
 	s.Pushing = e.Bin.Pushes() && e.Bin.HasAgent()
-	if err := e.CP.CreateNamespace(ctx, cfg.Namespace); err != nil {
+	if err := e.CP.CreatePodNamespace(ctx, cfg.Namespace); err != nil {
 		return nil, err
-	}
-	if e.CP.Webhook != nil {
-		// The pods get their agents from the manager's injection webhook.
-		if err := e.CP.EnableInjection(ctx, cfg.Namespace); err != nil {
-			return nil, err
-		}
 	}
 	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
 		return nil, err
@@ -342,13 +336,11 @@ func (s *Scenario) Effective(st *assignment.State) int32 {
 // want+1 for as many of them as the remainder of the split leaves, limit × factor − pods × want
 // when that is below the pods (the manager hands it out, one permit per pod: internal/apportion).
 func (s *Scenario) WaitPermits(ctx context.Context, want int32, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
 	budget := int32(int64(s.Cfg.Limit) * int64(s.Cfg.FactorPercent) / 100)
-	var last string
-	for {
+	return poll(ctx, timeout, 20*time.Millisecond, func() error {
 		sts, err := s.States(ctx)
 		ok := err == nil && len(sts) > 0
-		last = fmt.Sprint(err)
+		last := fmt.Sprint(err)
 		extra := budget - int32(len(sts))*want
 		if extra < 0 || extra >= int32(len(sts)) {
 			extra = 0
@@ -370,15 +362,8 @@ func (s *Scenario) WaitPermits(ctx context.Context, want int32, timeout time.Dur
 		if ok {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pods did not converge on %d permits within %s: %s", want, timeout, last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("pods did not converge on %d permits within %s: %s", want, timeout, last)
+	})
 }
 
 // Close stops the load, the monitor, the agents and the manager, removes the scenario's objects
@@ -407,27 +392,30 @@ func (s *Scenario) Close() MonitorStats {
 	return st
 }
 
+// cleanupObjects deletes the scenario's objects, the quota first (so that the manager lets go of
+// the pods).
 func (s *Scenario) cleanupObjects() {
+	deleteAllIn(s.Env.CP.Client, s.Cfg.Namespace, &apportionv1.DownstreamQuota{}, &autoscalingv2.HorizontalPodAutoscaler{},
+		&appsv1.Deployment{}, &appsv1.ReplicaSet{})
+}
+
+// deleteAllIn deletes, best effort and within 20 s, every object of each kind in namespace ns in
+// that order, then the pods, at once (the harness's kubelet finalizer removed: no kubelet will).
+func deleteAllIn(c client.Client, ns string, kinds ...client.Object) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c := s.Env.CP.Client
-	ns := client.InNamespace(s.Cfg.Namespace)
-	_ = c.DeleteAllOf(ctx, &apportionv1.DownstreamQuota{}, ns)
-	_ = c.DeleteAllOf(ctx, &autoscalingv2.HorizontalPodAutoscaler{}, ns)
-	_ = c.DeleteAllOf(ctx, &appsv1.Deployment{}, ns)
-	if s.Env.Cluster != nil {
-		_ = c.DeleteAllOf(ctx, &appsv1.ReplicaSet{}, ns)
+	for _, k := range kinds {
+		_ = c.DeleteAllOf(ctx, k, client.InNamespace(ns))
 	}
 	var pods corev1.PodList
-	if c.List(ctx, &pods, ns) == nil {
+	if c.List(ctx, &pods, client.InNamespace(ns)) == nil {
 		for i := range pods.Items {
-			p := &pods.Items[i]
-			if len(p.Finalizers) > 0 {
+			if p := &pods.Items[i]; len(p.Finalizers) > 0 {
 				orig := p.DeepCopy()
 				p.Finalizers = nil
 				_ = c.Patch(ctx, p, client.MergeFrom(orig))
 			}
-			_ = c.Delete(ctx, p, client.GracePeriodSeconds(0))
 		}
 	}
+	_ = c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns), client.GracePeriodSeconds(0))
 }

@@ -65,9 +65,7 @@ type Workload struct {
 	agents map[string]*Agent // every pod's agent whose process may be alive, deleted pods' included
 	live   []string          // pods not deleted, in creation order
 	seq    int
-	// desired and current are what the HPA status says.
-	desired, current int32
-	wg               sync.WaitGroup
+	wg     sync.WaitGroup
 	// cl runs the pods' agents in the cluster mode (nil otherwise).
 	cl *clusterPods
 }
@@ -108,10 +106,19 @@ func (w *Workload) hpa() *autoscalingv2.HorizontalPodAutoscaler {
 	return w.cfg.HPA
 }
 
-// Create creates the Deployment and the HPA with replicas, then the pods and their agents.
+// Create creates the Deployment and the HPA with replicas, then (simulated mode) the pods and
+// their agents, or (cluster mode) waits until the Deployment's pods are ready with their agents
+// enforcing.
 func (w *Workload) Create(ctx context.Context, replicas int32) error {
 	if w.cfg.Cluster != nil {
-		return w.createInCluster(ctx, replicas)
+		cl, err := newClusterPods(w)
+		if err != nil {
+			return err
+		}
+		w.cl = cl
+		if err := cl.run(ctx); err != nil {
+			return err
+		}
 	}
 	d := w.deployment().DeepCopy()
 	d.Namespace, d.Spec.Replicas = w.cfg.Namespace, ptr.To(replicas)
@@ -125,6 +132,9 @@ func (w *Workload) Create(ctx context.Context, replicas int32) error {
 	}
 	if err := w.SetHPA(ctx, replicas, replicas); err != nil {
 		return err
+	}
+	if w.cl != nil {
+		return w.WaitSettled(ctx, replicas, 2*time.Minute)
 	}
 	_, err := w.AddPods(ctx, int(replicas))
 	return err
@@ -143,29 +153,8 @@ func (w *Workload) SetHPA(ctx context.Context, desired, current int32) error {
 	if err := w.cp.Client.Status().Patch(ctx, &h, client.MergeFrom(orig)); err != nil {
 		return fmt.Errorf("writing the HPA status: %w", err)
 	}
-	w.mu.Lock()
-	w.desired, w.current = desired, current
-	w.mu.Unlock()
 	w.cfg.Logf("hpa %s: desired=%d current=%d", h.Name, desired, current)
 	return nil
-}
-
-// HPA returns the desired and current replicas last written.
-func (w *Workload) HPA() (desired, current int32) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.desired, w.current
-}
-
-// SetSpecReplicas writes the Deployment's spec.replicas (what the HPA does through /scale).
-func (w *Workload) SetSpecReplicas(ctx context.Context, n int32) error {
-	var d appsv1.Deployment
-	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: w.deployment().Name}, &d); err != nil {
-		return err
-	}
-	orig := d.DeepCopy()
-	d.Spec.Replicas = ptr.To(n)
-	return w.cp.Client.Patch(ctx, &d, client.MergeFrom(orig))
 }
 
 // AddPods adds n pods in parallel.
@@ -180,9 +169,9 @@ func (w *Workload) AddPods(ctx context.Context, n int) ([]*Agent, error) {
 	return out, errors.Join(errs...)
 }
 
-// AddPod creates a Pod object through the API server (and so the injection webhook), starts its
-// agent as the admitted pod's apportion-agent container says, on a fresh loopback address (after
-// PodStartDelay), and writes the Pod's status: podIP, Running; Ready once the agent is ready.
+// AddPod creates a Pod object through the API server (and so the injection webhook) and, after
+// PodStartDelay, runs its agent on a fresh loopback address (runAgent) and writes the Pod's
+// status: podIP, Running; Ready once the agent is ready.
 func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 	ip, err := w.ips.Next()
 	if err != nil {
@@ -206,67 +195,38 @@ func (w *Workload) AddPod(ctx context.Context) (*Agent, error) {
 	if err := createPod(ctx, w.cp.Client, pod, w.cfg.Logf); err != nil {
 		return nil, fmt.Errorf("creating pod %s: %w", name, err)
 	}
-	// The agent runs as the admitted pod says: the injected sidecar's args and ports.
-	var spec AgentSpec
-	if !w.cfg.NoAgents {
-		if spec, err = agentSpecFromPod(pod, ip, w.keys.Dir); err != nil {
+	if err := sleepOrDone(ctx, w.cfg.PodStartDelay); err != nil {
+		return nil, err
+	}
+	running := func() error {
+		w.mu.Lock()
+		w.live = append(w.live, name)
+		w.mu.Unlock()
+		return writeRunning(ctx, w.cp.Client, pod, ip, false)
+	}
+	if w.cfg.NoAgents {
+		if err := running(); err != nil {
 			return nil, err
 		}
-	}
-	if w.cfg.PodStartDelay > 0 {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(w.cfg.PodStartDelay):
-		}
-	}
-	var a *Agent
-	if !w.cfg.NoAgents {
-		a = newAgentFromSpec(w.bin, w.cfg.Namespace, name, ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
-		if err := a.Start(ctx); err != nil {
-			_ = a.Kill()
-			return nil, err
-		}
-	}
-	w.mu.Lock()
-	if a != nil {
-		w.agents[name] = a
-	}
-	w.live = append(w.live, name)
-	w.mu.Unlock()
-
-	orig := pod.DeepCopy()
-	now := metav1.Now()
-	pod.Status = corev1.PodStatus{
-		Phase:     corev1.PodRunning,
-		PodIP:     ip,
-		PodIPs:    []corev1.PodIP{{IP: ip}},
-		HostIP:    "127.0.0.1",
-		StartTime: &now,
-		Conditions: []corev1.PodCondition{
-			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: now, Reason: "AgentNotReady"},
-		},
-	}
-	if err := w.cp.Client.Status().Patch(ctx, pod, client.MergeFrom(orig)); err != nil {
-		return a, fmt.Errorf("writing pod %s status: %w", name, err)
-	}
-	if a == nil {
 		w.cfg.Logf("pod %s up at %s (no agent)", name, ip)
 		return nil, nil
 	}
-	w.cfg.Logf("pod %s up at %s (agent pid %d)", name, ip, a.Pid())
-	w.wg.Go(func() { w.markReady(ctx, a) })
-	return a, nil
+	return w.runAgent(ctx, pod, ip, podProbe{
+		started: func(a *Agent) error {
+			if err := running(); err != nil {
+				return err
+			}
+			w.cfg.Logf("pod %s up at %s (agent pid %d)", name, ip, a.Pid())
+			return nil
+		},
+		ready: func() { w.markReady(ctx, name) },
+	})
 }
 
-// markReady plays the readiness probe: once /readyz answers, the Pod's Ready condition is True.
-func (w *Workload) markReady(ctx context.Context, a *Agent) {
-	if err := a.WaitReady(ctx, 30*time.Second); err != nil {
-		return
-	}
+// markReady sets the Ready condition of a pod not deleted (the simulated mode's readiness).
+func (w *Workload) markReady(ctx context.Context, name string) {
 	var pod corev1.Pod
-	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: a.Pod}, &pod); err != nil || pod.DeletionTimestamp != nil {
+	if err := w.cp.Client.Get(ctx, types.NamespacedName{Namespace: w.cfg.Namespace, Name: name}, &pod); err != nil || pod.DeletionTimestamp != nil {
 		return
 	}
 	orig := pod.DeepCopy()
@@ -321,60 +281,19 @@ func (w *Workload) DeletePod(ctx context.Context, name string, terminating time.
 		return err
 	}
 	w.cfg.Logf("pod %s terminating", name)
-	if terminating > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(terminating):
-		}
+	if err := sleepOrDone(ctx, terminating); err != nil {
+		return err
 	}
 	if a != nil {
-		// SIGTERM reaches the app and the agent together: the app stops calling, the agent drains.
-		a.SetDraining()
-		grace := 5 * time.Second
-		if a.Suspended() {
-			grace = 0 // frozen: it cannot drain; killed at once (the grace would only slow the test)
-		}
-		if err := a.Stop(grace); err != nil {
+		if err := w.drainAgent(name, a); err != nil {
 			return err
 		}
-		w.mu.Lock()
-		delete(w.agents, name)
-		w.mu.Unlock()
 	}
 	if err := w.removeFinalizer(ctx, key); err != nil {
 		return err
 	}
 	w.cfg.Logf("pod %s gone", name)
 	return nil
-}
-
-// ForceDeletePod removes a Pod at once while its agent keeps running, as after a node was lost
-// and its pods force-deleted: the process may still be calling. The agent stays in Agents until
-// it is killed (KillAgent, then Forget).
-func (w *Workload) ForceDeletePod(ctx context.Context, name string) error {
-	w.mu.Lock()
-	w.live = slices.DeleteFunc(w.live, func(s string) bool { return s == name })
-	w.mu.Unlock()
-	key := types.NamespacedName{Namespace: w.cfg.Namespace, Name: name}
-	if err := w.removeFinalizer(ctx, key); err != nil {
-		return err
-	}
-	err := w.cp.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.cfg.Namespace}}, client.GracePeriodSeconds(0))
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	w.cfg.Logf("pod %s force-deleted (agent left running)", name)
-	return nil
-}
-
-// Forget drops a deleted pod's agent after it was killed.
-func (w *Workload) Forget(name string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !slices.Contains(w.live, name) {
-		delete(w.agents, name)
-	}
 }
 
 func (w *Workload) removeFinalizer(ctx context.Context, key types.NamespacedName) error {
@@ -400,48 +319,37 @@ func (w *Workload) removeFinalizer(ctx context.Context, key types.NamespacedName
 
 // KillAgent kills a pod's agent (kill -9): the container crashed; the Pod stays.
 func (w *Workload) KillAgent(name string) error {
-	a := w.Agent(name)
-	if a == nil {
-		return fmt.Errorf("no agent %s", name)
-	}
-	w.cfg.Logf("agent %s: kill -9", name)
-	return a.Kill()
+	return w.onAgent(name, "kill -9", (*Agent).Kill)
 }
 
 // RestartAgent starts a killed agent again on the same address (the kubelet restarted the
 // container; the Pod keeps its IP).
 func (w *Workload) RestartAgent(ctx context.Context, name string) error {
-	a := w.Agent(name)
-	if a == nil {
-		return fmt.Errorf("no agent %s", name)
-	}
-	if a.Running() {
-		if err := a.Kill(); err != nil {
+	return w.onAgent(name, "restart", func(a *Agent) error {
+		if err := a.Kill(); err != nil { // a no-op unless it runs
 			return err
 		}
-	}
-	w.cfg.Logf("agent %s: restart", name)
-	return a.Start(ctx)
+		return a.Start(ctx)
+	})
 }
 
 // SuspendAgent SIGSTOPs a pod's agent: alive, holding what it holds, but unreachable.
 func (w *Workload) SuspendAgent(name string) error {
-	a := w.Agent(name)
-	if a == nil {
-		return fmt.Errorf("no agent %s", name)
-	}
-	w.cfg.Logf("agent %s: SIGSTOP", name)
-	return a.Suspend()
+	return w.onAgent(name, "SIGSTOP", (*Agent).Suspend)
 }
 
 // ResumeAgent SIGCONTs a pod's agent.
 func (w *Workload) ResumeAgent(name string) error {
+	return w.onAgent(name, "SIGCONT", (*Agent).Resume)
+}
+
+func (w *Workload) onAgent(name, what string, do func(*Agent) error) error {
 	a := w.Agent(name)
 	if a == nil {
 		return fmt.Errorf("no agent %s", name)
 	}
-	w.cfg.Logf("agent %s: SIGCONT", name)
-	return a.Resume()
+	w.cfg.Logf("agent %s: %s", name, what)
+	return do(a)
 }
 
 // ScaleOptions pace a scale event.
@@ -457,25 +365,25 @@ type ScaleOptions struct {
 }
 
 // ScaleTo plays one HPA scale event to n pods: the HPA decides (status.desiredReplicas), writes
-// spec.replicas, the deployment controller and kubelet create or delete pods (newest first),
+// spec.replicas (in the cluster mode through the Deployment's scale subresource), the pods are
+// created or deleted — in the simulated mode by the harness, newest first; in the cluster mode by
+// the ReplicaSet controller, which chooses the victims itself, until the Deployment settled —
 // and the HPA sees them (status.currentReplicas).
 func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
-	if w.cfg.Cluster != nil {
-		return w.scaleInCluster(ctx, n, o)
+	term := w.cfg.Terminating
+	if o.Terminating > 0 {
+		term = o.Terminating
+	}
+	if w.cl != nil {
+		w.mu.Lock()
+		w.cl.terminating = term
+		w.mu.Unlock()
 	}
 	pause := func(phase string) error {
 		if o.BetweenPhases != nil {
 			o.BetweenPhases(phase)
 		}
-		if o.Step <= 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(o.Step):
-			return nil
-		}
+		return sleepOrDone(ctx, o.Step)
 	}
 	cur := int32(len(w.Pods()))
 	if err := w.SetHPA(ctx, n, cur); err != nil {
@@ -484,33 +392,14 @@ func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
 	if err := pause("decided"); err != nil {
 		return err
 	}
-	if err := w.SetSpecReplicas(ctx, n); err != nil {
+	if err := w.Scale(ctx, n); err != nil {
 		return err
 	}
 	if err := pause("spec"); err != nil {
 		return err
 	}
-	switch {
-	case n > cur:
-		if _, err := w.AddPods(ctx, int(n-cur)); err != nil {
-			return err
-		}
-	case n < cur:
-		pods := w.Pods()
-		victims := pods[len(pods)-int(cur-n):]
-		term := w.cfg.Terminating
-		if o.Terminating > 0 {
-			term = o.Terminating
-		}
-		errs := make([]error, len(victims))
-		var wg sync.WaitGroup
-		for i, p := range victims {
-			wg.Go(func() { errs[i] = w.DeletePod(ctx, p, term) })
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return err
-		}
+	if err := w.scalePods(ctx, cur, n, term); err != nil {
+		return err
 	}
 	if err := pause("pods"); err != nil {
 		return err
@@ -519,6 +408,28 @@ func (w *Workload) ScaleTo(ctx context.Context, n int32, o ScaleOptions) error {
 		return err
 	}
 	return pause("current")
+}
+
+// scalePods plays the ReplicaSet controller and the kubelets from cur pods to n.
+func (w *Workload) scalePods(ctx context.Context, cur, n int32, term time.Duration) error {
+	switch {
+	case w.cl != nil:
+		return w.WaitSettled(ctx, n, 2*time.Minute)
+	case n > cur:
+		_, err := w.AddPods(ctx, int(n-cur))
+		return err
+	case n < cur:
+		pods := w.Pods()
+		victims := pods[len(pods)-int(cur-n):]
+		errs := make([]error, len(victims))
+		var wg sync.WaitGroup
+		for i, p := range victims {
+			wg.Go(func() { errs[i] = w.DeletePod(ctx, p, term) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	return nil
 }
 
 // Close kills every agent and waits for the workload's goroutines.
