@@ -32,6 +32,9 @@ type simAgent struct {
 
 	mu      sync.Mutex
 	want    int32     // the permits the current event should bring
+	// orMore: want+1 counts too: the quota's budget leaves a remainder, which the split hands out
+	// one permit more to some of its pods (which ones rotates: internal/apportion)
+	orMore bool
 	since   time.Time // when the event's HPA write for this agent's quota was issued
 	reached time.Time // when an accepted push first made the agent enforce want; zero until then
 	arrived time.Time // when the first push after since arrived; zero until then
@@ -59,7 +62,7 @@ func (a *simAgent) note(st assignment.State) {
 			continue
 		}
 		a.mu.Lock()
-		if a.reached.IsZero() && a.want > 0 && d.EffectivePermits == a.want {
+		if a.reached.IsZero() && a.want > 0 && (d.EffectivePermits == a.want || a.orMore && d.EffectivePermits == a.want+1) {
 			a.reached = now
 		}
 		a.mu.Unlock()
@@ -67,9 +70,9 @@ func (a *simAgent) note(st assignment.State) {
 }
 
 // expect arms the agent for an event: it has reached want once an accepted push says so.
-func (a *simAgent) expect(want int32) {
+func (a *simAgent) expect(want int32, orMore bool) {
 	a.mu.Lock()
-	a.want, a.reached, a.since, a.arrived, a.written = want, time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	a.want, a.orMore, a.reached, a.since, a.arrived, a.written = want, orMore, time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	a.mu.Unlock()
 	// It may hold want already (no push will come then): look at its state now.
 	st := a.enf.State()

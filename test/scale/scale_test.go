@@ -219,7 +219,10 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	b.Cleanup(fleet.stop)
 	perQuota := c.pods / c.quotas
 	up := int32(perQuota + max(perQuota/4, 1))
-	permits := func(desired int32) int32 { return int32(8 * perQuota / int(desired)) } // limit 10n at 80 %
+	// Limit 10n at 80 %: a budget of 8n split over desired replicas, the floor for every pod and
+	// one more for some when it leaves a remainder (internal/apportion).
+	permits := func(desired int32) int32 { return int32(8 * perQuota / int(desired)) }
+	remainder := func(desired int32) bool { return 8*perQuota%int(desired) != 0 }
 
 	t0 := time.Now()
 	ns := func(q int) string { return fmt.Sprintf("scale-%04d", q) }
@@ -241,7 +244,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		}
 	}
 	for _, a := range agents {
-		a.expect(permits(int32(perQuota)))
+		a.expect(permits(int32(perQuota)), remainder(int32(perQuota)))
 	}
 	if err := parallel(ctx, c.pods, 48, func(i int) error { return createPod(ctx, cp.Client, agents[i]) }); err != nil {
 		b.Fatal(err)
@@ -279,7 +282,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		}
 		want := permits(desired)
 		for _, a := range agents {
-			a.expect(want)
+			a.expect(want, remainder(desired))
 		}
 		m0 := measure(pid, proxy, fleet, metricsAddr)
 		start := time.Now()
