@@ -149,7 +149,7 @@ type AgentPolicy struct {
 	// +optional
 	Recovery *Recovery `json:"recovery,omitempty"`
 	// maxWaiting bounds the calls of one pod waiting for a permit; a call beyond it is refused
-	// at once (reason queue-full). Default: the pod's permits.
+	// at once (reason queue-full). Default: 10 × the pod's permits, at least 10.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000000
 	// +optional

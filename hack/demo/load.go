@@ -21,12 +21,15 @@ type pod interface {
 
 // localPod is a gateway pod without Apportion, as in the story: its app holds a local
 // Semaphore(50) and calls the partner directly. A call that gets no slot within acquire is
-// refused by the app (its fallback), as the agent refuses one without a permit.
+// refused by the app (its fallback), as the agent refuses one without a permit. With retry,
+// the app has the seed's old habit: a call answered 429 is sent once more at once, still
+// holding its slot, and ends with the retry's answer.
 type localPod struct {
 	sem     *semaphore.Weighted
 	acquire time.Duration
 	url     string
 	client  *http.Client
+	retry   bool
 }
 
 func (p *localPod) call(ctx context.Context) report.Outcome {
@@ -40,7 +43,11 @@ func (p *localPod) call(ctx context.Context) report.Outcome {
 		return report.Fallback
 	}
 	defer p.sem.Release(1)
-	return do(ctx, p.client, p.url)
+	o := do(ctx, p.client, p.url)
+	if o == report.TooMany && p.retry {
+		o = do(ctx, p.client, p.url)
+	}
+	return o
 }
 
 // agentPod is a gateway pod with Apportion: its app calls the partner through its agent.

@@ -61,7 +61,7 @@ func (l latency) draw(rng *rand.Rand, slow bool) time.Duration {
 
 // partner is the downstream: it admits at most limit calls in flight and answers 429 at once
 // to every call beyond, holds each admitted call for a latency drawn from the model, and
-// records each admitted call and its peak concurrency.
+// records each admitted call, each 429 and its peak concurrency.
 type partner struct {
 	limit int64
 	lat   latency
@@ -73,9 +73,10 @@ type partner struct {
 	inFlight atomic.Int64
 	peak     atomic.Int64 // since the last takePeak
 
-	mu    sync.Mutex
-	rng   *rand.Rand
-	calls []report.PartnerCall
+	mu      sync.Mutex
+	rng     *rand.Rand
+	calls   []report.PartnerCall
+	refused []time.Duration // when each 429 was answered
 }
 
 func startPartner(limit int64, lat latency, seed uint64) (*partner, error) {
@@ -92,7 +93,7 @@ func startPartner(limit int64, lat latency, seed uint64) (*partner, error) {
 // begin starts the recording: admitted calls are timed from now.
 func (p *partner) begin(start time.Time) {
 	p.mu.Lock()
-	p.start, p.calls = start, nil
+	p.start, p.calls, p.refused = start, nil, nil
 	p.mu.Unlock()
 	p.peak.Store(p.inFlight.Load())
 }
@@ -102,6 +103,9 @@ func (p *partner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := p.inFlight.Add(1)
 	defer p.inFlight.Add(-1)
 	if n > p.limit {
+		p.mu.Lock()
+		p.refused = append(p.refused, time.Since(p.start))
+		p.mu.Unlock()
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "too many concurrent calls", http.StatusTooManyRequests)
 		return
@@ -136,10 +140,11 @@ func (p *partner) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // at the current count.
 func (p *partner) takePeak() int { return int(p.peak.Swap(p.inFlight.Load())) }
 
-func (p *partner) recorded() []report.PartnerCall {
+// recorded returns the admitted calls and the times of the 429s since begin.
+func (p *partner) recorded() ([]report.PartnerCall, []time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]report.PartnerCall(nil), p.calls...)
+	return append([]report.PartnerCall(nil), p.calls...), append([]time.Duration(nil), p.refused...)
 }
 
 func (p *partner) close() {

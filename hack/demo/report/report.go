@@ -84,7 +84,10 @@ type Recording struct {
 	Name    string
 	Calls   []Call
 	Partner []PartnerCall
-	Samples []Sample
+	// PartnerTooMany is when the partner answered each of its 429s (an app that retries
+	// sends it more calls than the app made).
+	PartnerTooMany []time.Duration
+	Samples        []Sample
 }
 
 // Point is one step of a run's time series; rates are per second over the step that ends at T.
@@ -107,10 +110,14 @@ type Summary struct {
 	Calls int    `json:"calls"`
 	// Offered is app calls started per second.
 	Offered float64 `json:"offeredPerSec"`
-	// TooManyShare, FallbackShare, TimeoutShare: fractions of the phase's calls.
+	// TooManyShare, FallbackShare, TimeoutShare: fractions of the phase's calls (by how
+	// each ended for the app: a call retried after a 429 counts by its retry's answer).
 	TooManyShare  float64 `json:"tooManyShare"`
 	FallbackShare float64 `json:"fallbackShare"`
 	TimeoutShare  float64 `json:"timeoutShare"`
+	// PartnerTooManyShare is the share of the calls the partner received in the phase (each
+	// retry is one) that it answered 429.
+	PartnerTooManyShare float64 `json:"partnerTooManyShare"`
 	// PartnerPeak is the highest in-flight count the partner saw.
 	PartnerPeak int `json:"partnerPeak"`
 	// Goodput is 2xx answers per second.
@@ -225,6 +232,15 @@ func summarize(rec Recording, ph Phase) Summary {
 		sum.PartnerMean = total / time.Duration(len(lat))
 	}
 	sum.PartnerP99 = Percentile(lat, 0.99)
+	var tooMany int
+	for _, at := range rec.PartnerTooMany {
+		if in(at) {
+			tooMany++
+		}
+	}
+	if received := len(lat) + tooMany; received > 0 {
+		sum.PartnerTooManyShare = float64(tooMany) / float64(received)
+	}
 	for _, s := range rec.Samples {
 		// A sample's peak covers the span before it; the first sample after the phase's end
 		// still covers its last instants.
@@ -277,7 +293,7 @@ func (r *Report) WriteCSV(w io.Writer) error {
 // WriteSummaryCSV writes the comparison table, one row per phase and run.
 func (r *Report) WriteSummaryCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"phase", "run", "calls", "offered_per_s", "partner_429_share", "partner_peak", "limit",
+	_ = cw.Write([]string{"phase", "run", "calls", "offered_per_s", "partner_429_share", "app_429_share", "partner_peak", "limit",
 		"goodput_per_s", "fallback_share", "timeout_share", "refusal_p50_ms", "refusal_p99_ms", "app_p99_ms",
 		"partner_mean_ms", "partner_p99_ms"})
 	ms := func(d time.Duration) string {
@@ -286,7 +302,7 @@ func (r *Report) WriteSummaryCSV(w io.Writer) error {
 	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	for _, row := range r.Rows() {
 		s := row.Summary
-		_ = cw.Write([]string{s.Phase, row.Run, strconv.Itoa(s.Calls), f(s.Offered, 1), f(s.TooManyShare, 4),
+		_ = cw.Write([]string{s.Phase, row.Run, strconv.Itoa(s.Calls), f(s.Offered, 1), f(s.PartnerTooManyShare, 4), f(s.TooManyShare, 4),
 			strconv.Itoa(s.PartnerPeak), strconv.Itoa(r.Limit), f(s.Goodput, 1), f(s.FallbackShare, 4), f(s.TimeoutShare, 4),
 			ms(s.RefusalP50), ms(s.RefusalP99), ms(s.AppP99), ms(s.PartnerMean), ms(s.PartnerP99)})
 	}

@@ -54,6 +54,8 @@ func recording() (Recording, []Phase) {
 			{At: 0, Latency: 10 * ms}, {At: 100 * ms, Latency: 200 * ms}, {At: 900 * ms, Latency: 300 * ms},
 			{At: 1300 * ms, Latency: 600 * ms},
 		},
+		// The call made at 200 got a 429 and so did its retry; the one at 1100 was not retried.
+		PartnerTooMany: []time.Duration{200 * ms, 201 * ms, 1100 * ms},
 		Samples: []Sample{
 			{At: 500 * ms, Pods: 8, PartnerPeak: 3, SumPermits: 40, PerPodMin: 5, PerPodMax: 5},
 			{At: 1000 * ms, Pods: 8, PartnerPeak: 7, SumPermits: 40, PerPodMin: 5, PerPodMax: 5},
@@ -88,14 +90,16 @@ func TestBuildSummary(t *testing.T) {
 	want := []Summary{{
 		// a: calls started at 0, 100, 200, 400, 900: 3 OK, one 429, one fallback.
 		Phase: "a", Calls: 5, Offered: 5, Goodput: 3, TooManyShare: 0.2, FallbackShare: 0.2,
-		PartnerPeak: 7, // samples at 500 and 1000
-		Refusals:    2, RefusalP50: 1 * ms, RefusalP99: 300 * ms,
+		PartnerTooManyShare: 0.4, // the partner received 5: 3 admitted, 2 answered 429
+		PartnerPeak:         7,   // samples at 500 and 1000
+		Refusals:            2, RefusalP50: 1 * ms, RefusalP99: 300 * ms,
 		AppP99:      300 * ms, // durations 10, 200, 1, 300, 300
 		PartnerMean: 170 * ms, PartnerP99: 300 * ms,
 	}, {
 		// b: 1100 (429, 5 ms), 1200 (timeout, 100 ms), 1300 (failed, 600 ms).
 		Phase: "b", Calls: 3, Offered: 3, TooManyShare: 1.0 / 3, TimeoutShare: 1.0 / 3,
-		PartnerPeak: 9, Refusals: 1, RefusalP50: 5 * ms, RefusalP99: 5 * ms, AppP99: 600 * ms,
+		PartnerTooManyShare: 0.5, // 1300 admitted, 1100 answered 429
+		PartnerPeak:         9, Refusals: 1, RefusalP50: 5 * ms, RefusalP99: 5 * ms, AppP99: 600 * ms,
 		PartnerMean: 600 * ms, PartnerP99: 600 * ms,
 	}}
 	if diff := cmp.Diff(want, run.Summary); diff != "" {
@@ -156,7 +160,7 @@ func TestRowsAndTables(t *testing.T) {
 	if len(lines) != 2+4 {
 		t.Fatalf("markdown: %d lines, want header, rule and 4 rows:\n%s", len(lines), md.String())
 	}
-	if want := "| a | run | 5 | 20.0 % | 7 / 50 | 3 | 20.0 % | 1.0 ms / 300 ms | 300 ms | 170 ms / 300 ms |"; lines[2] != want {
+	if want := "| a | run | 5 | 40.0 % | 7 / 50 | 3 | 20.0 % | 1.0 ms / 300 ms | 300 ms | 170 ms / 300 ms |"; lines[2] != want {
 		t.Errorf("first row\n got %s\nwant %s", lines[2], want)
 	}
 	var csvBuf bytes.Buffer
@@ -167,7 +171,7 @@ func TestRowsAndTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 5 || rows[1][4] != "0.2000" || rows[1][10] != "1.0" {
+	if len(rows) != 5 || rows[1][4] != "0.4000" || rows[1][5] != "0.2000" || rows[1][11] != "1.0" {
 		t.Errorf("summary CSV: %v", rows)
 	}
 }

@@ -23,7 +23,7 @@ func (r *Report) cells(row Row) []string {
 	if s.PartnerP99 > 0 {
 		partner = fmtDur(s.PartnerMean) + " / " + fmtDur(s.PartnerP99)
 	}
-	return []string{s.Phase, row.Run, fmt.Sprintf("%.0f", s.Offered), pct(s.TooManyShare),
+	return []string{s.Phase, row.Run, fmt.Sprintf("%.0f", s.Offered), pct(s.PartnerTooManyShare),
 		fmt.Sprintf("%d / %d", s.PartnerPeak, r.Limit), fmt.Sprintf("%.0f", s.Goodput), pct(s.FallbackShare),
 		refusal, fmtDur(s.AppP99), partner}
 }

@@ -273,3 +273,20 @@ func TestMaxWaitingFromTheWire(t *testing.T) {
 		t.Fatalf("max waiting %d, want 3", got)
 	}
 }
+
+// TestMaxWaitingDefault: without a bound on the wire, ten calls per permit may wait, and the
+// bound follows the permits from one assignment to the next; a pod with no permits still
+// queues ten (a call then waits for the permits its lease brings, or its acquireTimeout).
+func TestMaxWaitingDefault(t *testing.T) {
+	e, _ := newTestEnforcer(t)
+	for i, permits := range []int32{5, 3, 0, 4} {
+		mustApply(t, e, asg(int64(i+1), 1, 10*time.Minute, ds("a", permits, 0)))
+		want := 10 * max(int(permits), 1)
+		if got := e.Table().Lookup("a").Sem.MaxWaiting(); got != want {
+			t.Fatalf("%d permits: max waiting %d, want %d", permits, got, want)
+		}
+	}
+	if got := DefaultMaxWaiting(5); got != 50 {
+		t.Fatalf("DefaultMaxWaiting(5) = %d", got)
+	}
+}

@@ -284,11 +284,11 @@ func TestAdmitQueueFull(t *testing.T) {
 	}
 }
 
-// The default bound on waiters is the pod's permits.
-func TestAdmitQueueDefaultsToPermits(t *testing.T) {
+// The default bound on waiters is ten per permit.
+func TestAdmitQueueDefaultsToTenPerPermit(t *testing.T) {
 	r := newAdmitRig(t, nil, admitDownstream(3))
-	if got := r.ds().Sem.MaxWaiting(); got != 3 {
-		t.Fatalf("max waiting %d, want the permits 3", got)
+	if got := r.ds().Sem.MaxWaiting(); got != 30 {
+		t.Fatalf("max waiting %d, want 10 × the permits 3", got)
 	}
 }
 

@@ -165,8 +165,10 @@ func TestQueueFull(t *testing.T) {
 	t.Cleanup(releaseAll)
 	_, up := upstream(t, func(w http.ResponseWriter, r *http.Request) { <-release })
 	a := newAgent(t, nil)
-	d := downstream("d", up.URL, 1) // the default bound: 1 waiter, as the permits
+	d := downstream("d", up.URL, 1)
 	d.AcquireTimeout = assignment.Duration(5 * time.Second)
+	one := int32(1) // one waiter (the default would queue 10)
+	d.MaxWaiting = &one
 	a.apply(t, nil, d)
 	answers := make(chan result, 2)
 	go func() { answers <- a.do(t, http.MethodGet, "/d/held") }()
