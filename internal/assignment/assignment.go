@@ -75,7 +75,7 @@ type Downstream struct {
 	// permits apply in one step.
 	Recovery *Recovery `json:"recovery,omitempty"`
 	// MaxWaiting bounds the calls waiting for a permit; a call beyond it is refused at once
-	// (reason queue-full). nil: the pod's Permits (at least 1).
+	// (reason queue-full). nil: 10 per permit, at least 10 (the agent's enforce.DefaultMaxWaiting).
 	MaxWaiting *int32 `json:"maxWaiting,omitempty"`
 	// DeadlineHeader, when set, names the header in which the upstream is told what is left of
 	// the call's time (grpc-timeout's form for grpc-timeout, a Go duration otherwise).
