@@ -30,11 +30,11 @@ type simAgent struct {
 
 	puts, gets atomic.Int64
 
-	mu      sync.Mutex
-	want    int32     // the permits the current event should bring
+	mu   sync.Mutex
+	want int32 // the permits the current event should bring
 	// orMore: want+1 counts too: the quota's budget leaves a remainder, which the split hands out
 	// one permit more to some of its pods (which ones rotates: internal/apportion)
-	orMore bool
+	orMore  bool
 	since   time.Time // when the event's HPA write for this agent's quota was issued
 	reached time.Time // when an accepted push first made the agent enforce want; zero until then
 	arrived time.Time // when the first push after since arrived; zero until then
