@@ -211,15 +211,19 @@ func TestRateLimitedRetryAfter(t *testing.T) {
 	}
 }
 
-// TestHoldLeftRunsFromTheDeadline: an abandoned call's hold runs from its deadline, so a release
-// that comes late (the agent was frozen past the deadline) holds only what is left of it.
+// TestHoldLeftRunsFromTheDeadline: an abandoned call released at its deadline, give or take the
+// scheduler's jitter, keeps its whole hold; one released a stall past it (the agent was frozen)
+// holds only what is left of the hold counted from the deadline.
 func TestHoldLeftRunsFromTheDeadline(t *testing.T) {
 	for _, tc := range []struct{ hold, late, want time.Duration }{
-		{time.Second, 0, time.Second},                                 // released at its deadline: the whole hold
-		{time.Second, -5 * time.Millisecond, time.Second},             // a hair early (clock granularity): never more than the hold
-		{time.Second, 300 * time.Millisecond, 700 * time.Millisecond}, // late: the rest of it
-		{time.Second, time.Second, 0},                                 // the hold passed while frozen: at once
-		{time.Second, 3 * time.Second, -2 * time.Second},              // long past: at once
+		{time.Second, 0, time.Second},                                                   // at its deadline: the whole hold
+		{time.Second, -5 * time.Millisecond, time.Second},                               // a hair early: the whole hold
+		{time.Second, 30 * time.Millisecond, time.Second},                               // jitter: still the whole hold
+		{time.Second, stallSlack - time.Millisecond, time.Second},                       // below a stall: the whole hold
+		{time.Second, stallSlack, time.Second - stallSlack},                             // a stall: the rest of it
+		{time.Second, time.Second, 0},                                                   // the hold passed while frozen: at once
+		{time.Second, 3 * time.Second, -2 * time.Second},                                // long past: at once
+		{100 * time.Millisecond, 2 * time.Second, 100*time.Millisecond - 2*time.Second}, // a short hold, frozen long
 	} {
 		if got := holdLeft(tc.hold, tc.late); got != tc.want {
 			t.Errorf("holdLeft(%s, late %s) = %s, want %s", tc.hold, tc.late, got, tc.want)

@@ -534,16 +534,21 @@ func (c *call) release(releaseLane func()) {
 }
 
 // holdLeft is how much of an abandoned call's hold is left when its permit is released late
-// past its deadline: the hold runs from the deadline, when the call was to be abandoned, not
-// from whenever the agent gets to it. Normally that is the same moment (late ≈ 0: the sockets'
-// deadline ends the call); after a freeze (SIGSTOP, a paused VM) it is not: a call whose
-// deadline and hold both passed while the process was frozen is released at once when it
-// resumes. Held from the resume instead, it would keep a permit the manager has regranted after
-// the lapsed lease plus the calls' bound (docs/protocol.md §12, frozen agents), and the pod's
-// in-flight would stand above its fallback beside the others' new permits (TestFrozenAgentResumes).
-// late is measured on the wall clock, as the deadline is (ioDeadline).
+// past its deadline. Normally the release comes at the deadline (the sockets' deadline ends the
+// call), give or take the scheduler's jitter, and the whole hold is kept from then on: the
+// conservative reading, and the one every test on an injected clock relies on. After a freeze
+// (SIGSTOP, a paused VM: the release comes stallSlack or more past the deadline) the hold is
+// counted from the deadline instead, when the call was to be abandoned: a call whose deadline
+// and hold both passed while the process was frozen is released at once when it resumes. Held
+// from the resume, it would keep a permit the manager has regranted after the lapsed lease plus
+// the calls' bound (docs/protocol.md §12, frozen agents), and the pod's in-flight would stand
+// above its fallback beside the others' new permits (TestFrozenAgentResumes). late is measured
+// on the wall clock, as the deadline is (ioDeadline).
 func holdLeft(hold, late time.Duration) time.Duration {
-	return hold - max(late, 0)
+	if late < stallSlack {
+		return hold
+	}
+	return hold - late
 }
 
 // finish records the outcome; it runs even when the answer to the app is aborted.
