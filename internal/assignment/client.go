@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Control API paths on the agent's control port.
@@ -74,8 +76,8 @@ type Client struct {
 	HTTP Doer
 	// Key signs every request.
 	Key SigningKey
-	// Now is the clock used for signatures; nil means time.Now.
-	Now func() time.Time
+	// Clock dates signatures; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // StaleError is the agent's 409: it holds a newer (Epoch, Generation) than the one pushed.
@@ -241,8 +243,8 @@ func newRequest(method string, ep Endpoint, path string, body []byte) (*http.Req
 }
 
 func (c *Client) now() time.Time {
-	if c.Now != nil {
-		return c.Now()
+	if c.Clock != nil {
+		return c.Clock.Now()
 	}
 	return time.Now()
 }

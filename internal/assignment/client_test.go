@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/h1"
 )
 
@@ -53,7 +55,7 @@ func TestClient(t *testing.T) {
 	}{{"net/http", srv.Client()}, {"h1", h1.HTTPClient{C: h1.NewClient()}}} {
 		hc := tc.hc
 		t.Run(tc.name, func(t *testing.T) {
-			c := &Client{HTTP: hc, Key: keyNew, Now: func() time.Time { return testNow }}
+			c := &Client{HTTP: hc, Key: keyNew, Clock: clocktesting.NewFakePassiveClock(testNow)}
 			a, err := Decode(bytes.NewReader(validJSON(t)), DefaultMaxBytes)
 			if err != nil {
 				t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/h1/h1test"
 )
@@ -138,7 +140,7 @@ func managerClient() *Client {
 	hc := h1.NewClient()
 	hc.SetMaxIdlePerHost(1)
 	hc.SetMaxResponseHeaderBytes(MaxAnswerHeadBytes)
-	return &Client{HTTP: h1.HTTPClient{C: hc}, Key: keyNew, Now: func() time.Time { return testNow }}
+	return &Client{HTTP: h1.HTTPClient{C: hc}, Key: keyNew, Clock: clocktesting.NewFakePassiveClock(testNow)}
 }
 
 // readAnswer has c read the State at url and returns the error's text ("" for none).

@@ -143,7 +143,7 @@ func (c *SigningClient) try(call func(*assignment.Client) (*assignment.State, er
 		var st *assignment.State
 		c.signed.Add(1)
 		c.signatures.Add(1)
-		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Now: c.now})
+		st, err = call(&assignment.Client{HTTP: c.HTTP, Key: k, Clock: c.Clock})
 		if !unknownKey(err) {
 			return st, err
 		}
