@@ -189,21 +189,13 @@ func scaleStep(ctx context.Context, t *testing.T, n *node, j *judge, replicas in
 	if _, err := n.kubectl(ctx, "-n", "shop", "scale", "deployment/gateway", fmt.Sprintf("--replicas=%d", replicas)); err != nil {
 		t.Fatal(err)
 	}
-	want := int32(sampleLimit * 80 / 100 / replicas)
+	want := int32(sampleBudget / replicas)
 	samples := 0
-	waitFor(ctx, t, 3*time.Minute, fmt.Sprintf("%d pods, each agent holding %d permits (acknowledged)", replicas, want), func() (bool, error) {
+	waitFor(ctx, t, 3*time.Minute, fmt.Sprintf("%d pods, each agent holding %d or %d permits, %d in all (acknowledged)", replicas, want, want+1, sampleBudget), func() (bool, error) {
 		failIfCrashing(ctx, t, n, "shop")
 		st := quotaSample(ctx, t, n)
 		samples++
-		if len(st.Holdings) != replicas {
-			return false, nil
-		}
-		for _, h := range st.Holdings {
-			if h.Granted != want || !h.Synced {
-				return false, nil
-			}
-		}
-		return true, nil
+		return fullShares(st.Holdings, replicas, nil), nil
 	})
 	t.Logf("figure: kubectl scale 2 -> %d: every agent acknowledged %d permits after %s (%d ledger samples, every one within the limit)",
 		replicas, want, time.Since(start).Round(time.Millisecond), samples)
@@ -261,19 +253,10 @@ func failover(ctx context.Context, t *testing.T, n *node, j *judge, replicas int
 		samples++
 		time.Sleep(500 * time.Millisecond)
 	}
-	want := int32(sampleLimit * 80 / 100 / replicas)
 	waitFor(ctx, t, time.Minute, "every agent holding its full share", func() (bool, error) {
 		st := quotaSample(ctx, t, n)
 		samples++
-		if len(st.Holdings) != replicas {
-			return false, nil
-		}
-		for _, h := range st.Holdings {
-			if h.Granted != want || !h.Synced {
-				return false, nil
-			}
-		}
-		return true, nil
+		return fullShares(st.Holdings, replicas, nil), nil
 	})
 	t.Logf("figure: leader %s deleted: %s leads after %s; %d ledger samples within the limit over %s",
 		old, now, newLeader.Round(time.Millisecond), samples, time.Since(start).Round(time.Millisecond))
@@ -295,7 +278,7 @@ func rollingUpdate(ctx context.Context, t *testing.T, n *node, j *judge, replica
 	if _, err := n.kubectl(ctx, "-n", "shop", "rollout", "restart", "deployment/gateway"); err != nil {
 		t.Fatal(err)
 	}
-	want := int32(sampleLimit * 80 / 100 / replicas)
+	want := int32(sampleBudget / replicas)
 	samples, minShare := 0, want
 	var pods corev1.PodList
 	waitFor(ctx, t, 4*time.Minute, "the rollout done, every new agent holding its full share", func() (bool, error) {
@@ -319,12 +302,7 @@ func rollingUpdate(ctx context.Context, t *testing.T, n *node, j *judge, replica
 			}
 			names[p.Name] = true
 		}
-		for _, h := range st.Holdings {
-			if !names[h.Pod] || h.Granted != want || !h.Synced {
-				return false, nil
-			}
-		}
-		return true, nil
+		return fullShares(st.Holdings, replicas, names), nil
 	})
 	for i := range pods.Items {
 		checkInjected(t, &pods.Items[i])
@@ -338,4 +316,26 @@ func rollingUpdate(ctx context.Context, t *testing.T, n *node, j *judge, replica
 	if over != 0 {
 		t.Errorf("judge answered 429 %d times", over)
 	}
+}
+
+// sampleBudget is what the sample quota's pods share: its limit at the default safety factor of
+// 80 %.
+const sampleBudget = sampleLimit * 80 / 100
+
+// fullShares says whether the holdings are the sample quota's whole budget split over replicas
+// pods, every one acknowledged: each pod at the floor or one more (the split hands the remainder
+// out, internal/apportion), summing to the budget; with names, only those pods.
+func fullShares(hs []apportionv1.PodHolding, replicas int, names map[string]bool) bool {
+	if len(hs) != replicas {
+		return false
+	}
+	floor := int32(sampleBudget / replicas)
+	var sum int32
+	for _, h := range hs {
+		if (names != nil && !names[h.Pod]) || !h.Synced || h.Granted < floor || h.Granted > floor+1 {
+			return false
+		}
+		sum += h.Granted
+	}
+	return sum == sampleBudget
 }
