@@ -85,7 +85,7 @@ func newFixture(t *testing.T, auth bool) *fixture {
 }
 
 func (f *fixture) client(key assignment.SigningKey) *assignment.Client {
-	return &assignment.Client{HTTP: f.srv.Client(), Key: key, Now: f.clk.Now}
+	return &assignment.Client{HTTP: f.srv.Client(), Key: key, Clock: f.clk}
 }
 
 // asg is testAssignment addressed to the fixture's agent process.
