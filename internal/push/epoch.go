@@ -43,14 +43,10 @@ type ConfigMapEpoch struct {
 
 // NextEpoch implements EpochSource.
 func (s *ConfigMapEpoch) NextEpoch(ctx context.Context) (int64, error) {
-	name := s.Name
-	if name == "" {
-		name = DefaultEpochConfigMap
+	key, err := s.key()
+	if err != nil {
+		return 0, err
 	}
-	if s.Namespace == "" {
-		return 0, fmt.Errorf("epoch ConfigMap: namespace is required")
-	}
-	key := types.NamespacedName{Namespace: s.Namespace, Name: name}
 	now := time.Now
 	if s.Clock != nil {
 		now = s.Clock.Now
@@ -113,14 +109,10 @@ func (s *ConfigMapEpoch) NextEpoch(ctx context.Context) (int64, error) {
 // whose pushes an agent accepted before it answered. A missing ConfigMap is an error (nothing is
 // decided): every manager writes it before it pushes anything.
 func (s *ConfigMapEpoch) CurrentEpoch(ctx context.Context) (int64, error) {
-	name := s.Name
-	if name == "" {
-		name = DefaultEpochConfigMap
+	key, err := s.key()
+	if err != nil {
+		return 0, err
 	}
-	if s.Namespace == "" {
-		return 0, fmt.Errorf("epoch ConfigMap: namespace is required")
-	}
-	key := types.NamespacedName{Namespace: s.Namespace, Name: name}
 	var cm corev1.ConfigMap
 	if err := s.Reader.Get(ctx, key, &cm); err != nil {
 		return 0, fmt.Errorf("reading epoch ConfigMap %s: %w", key, err)
@@ -130,4 +122,17 @@ func (s *ConfigMapEpoch) CurrentEpoch(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("epoch ConfigMap %s: data[%q] = %q is not a non-negative integer", key, EpochKey, cm.Data[EpochKey])
 	}
 	return cur, nil
+}
+
+// key names the epoch ConfigMap: Name (DefaultEpochConfigMap when empty) in Namespace, which is
+// required.
+func (s *ConfigMapEpoch) key() (types.NamespacedName, error) {
+	name := s.Name
+	if name == "" {
+		name = DefaultEpochConfigMap
+	}
+	if s.Namespace == "" {
+		return types.NamespacedName{}, fmt.Errorf("epoch ConfigMap: namespace is required")
+	}
+	return types.NamespacedName{Namespace: s.Namespace, Name: name}, nil
 }
