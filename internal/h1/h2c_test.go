@@ -2,15 +2,20 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // h2cClient speaks HTTP/2 with prior knowledge only (net/http's transport, no HTTP/1.1).
@@ -171,5 +176,146 @@ func TestServerH2CShutdown(t *testing.T) {
 	}
 	if r := <-got; r.err != nil || r.body != "late" {
 		t.Fatalf("the stream in flight: %q %v", r.body, r.err)
+	}
+}
+
+// What the agent sets on its HTTP/2 side and holds a hostile client to (the framing, HPACK and
+// flow control are net/http's): the preface within ReadHeaderTimeout, MaxConcurrentStreams
+// streams served at once per connection, a header list within MaxHeaderBytes (431 without the
+// handler), and a connection that breaks the protocol after the preface closed without the
+// handler ever seeing a request.
+func TestServerH2CHostile(t *testing.T) {
+	var handled, inFlight atomic.Int32
+	var mu sync.Mutex
+	perConn, peak := map[string]int{}, 0 // streams in the handler by connection, and the most on one
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handled.Add(1)
+		inFlight.Add(1)
+		mu.Lock()
+		perConn[r.RemoteAddr]++
+		peak = max(peak, perConn[r.RemoteAddr])
+		mu.Unlock()
+		if r.URL.Path == "/hold" {
+			<-release
+		}
+		mu.Lock()
+		perConn[r.RemoteAddr]--
+		mu.Unlock()
+		inFlight.Add(-1)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{Handler: h, HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 3}, Logger: quietLogger(),
+		ReadHeaderTimeout: 200 * time.Millisecond, MaxHeaderBytes: 4 << 10}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	closedWithin := func(c net.Conn, d time.Duration) bool {
+		start := time.Now()
+		_, _ = io.Copy(io.Discard, c) // until the server closes (or the 10 s deadline)
+		return time.Since(start) < d
+	}
+
+	// A preface that stops half-way is closed at ReadHeaderTimeout.
+	c := dial()
+	_, _ = io.WriteString(c, h2Preface[:10])
+	if !closedWithin(c, 5*time.Second) {
+		t.Fatal("a stalled preface was not closed")
+	}
+
+	// Garbage after the preface: the connection closes (GOAWAY), no request is handled.
+	c = dial()
+	_, _ = io.WriteString(c, h2Preface+"\x00\x00\x01\x99\x00\x00\x00\x00\x01xGET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if !closedWithin(c, 5*time.Second) || handled.Load() != 0 {
+		t.Fatalf("garbage after the preface: closed late, or %d requests handled", handled.Load())
+	}
+
+	// A header list beyond MaxHeaderBytes: 431, the handler not called; one field alone beyond
+	// it: the connection closes (GOAWAY COMPRESSION_ERROR, net/http's HPACK decoder's limit).
+	headers := func(fields [][2]string) (string, error) {
+		c := dial()
+		fr := http2.NewFramer(c, c)
+		_, _ = io.WriteString(c, h2Preface)
+		if err := fr.WriteSettings(); err != nil {
+			t.Fatal(err)
+		}
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		for _, f := range append([][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "a"}, {":path", "/"}}, fields...) {
+			_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		if block.Len() >= 16<<10 {
+			t.Fatalf("a header block of %d bytes needs CONTINUATION frames", block.Len())
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		status := ""
+		dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
+			if f.Name == ":status" {
+				status = f.Value
+			}
+		})
+		for status == "" {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return "", err
+			}
+			if hf, ok := f.(*http2.HeadersFrame); ok && hf.StreamID == 1 {
+				if _, err := dec.Write(hf.HeaderBlockFragment()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if ga, ok := f.(*http2.GoAwayFrame); ok && ga.ErrCode != http2.ErrCodeNo {
+				return "GOAWAY " + ga.ErrCode.String(), nil
+			}
+		}
+		return status, nil
+	}
+	var many [][2]string
+	for i := range 14 {
+		many = append(many, [2]string{"x-f" + strconv.Itoa(i), strings.Repeat("b", 1<<10)})
+	}
+	if st, err := headers(many); st != "431" || handled.Load() != 0 {
+		t.Fatalf("a header list over MaxHeaderBytes: %q %v, %d requests handled", st, err, handled.Load())
+	}
+	if st, err := headers([][2]string{{"x-big", strings.Repeat("b", 12<<10)}}); st != "GOAWAY COMPRESSION_ERROR" || handled.Load() != 0 {
+		t.Fatalf("a field over MaxHeaderBytes: %q %v, %d requests handled", st, err, handled.Load())
+	}
+
+	// 10 streams at once: at most MaxConcurrentStreams in the handler per connection (the
+	// client opens more connections for the rest).
+	cl := h2cClient()
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if res, err := cl.Get("http://" + addr + "/hold"); err == nil {
+				res.Body.Close()
+			}
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for inFlight.Load() < 10 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("10 streams over %d connections", len(perConn))
+	if peak != 3 || handled.Load() != 10 {
+		t.Fatalf("peak %d streams on one connection with MaxConcurrentStreams 3 (want 3), %d of 10 handled", peak, handled.Load())
 	}
 }
