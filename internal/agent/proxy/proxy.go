@@ -80,6 +80,11 @@
 // http.Transport. Both ways share the admission (admission.go), the call's state, the answers on
 // failure and the recording; the engine's client drops informational (1xx) answers, which the
 // ReverseProxy passes on. This package holds the policy; the engine knows nothing of it.
+//
+// HTTP/2 (h2.go): the server hands h2c connections to net/http's HTTP/2 server, which serves
+// Handler one stream at a time; each stream is a call as above, with its own permit held until
+// it ended, forwarded over HTTP/2 (the caller's protocol) by a second ReverseProxy over one
+// HTTP/2 transport per downstream. A gRPC caller's refusals are gRPC statuses, not problem+json.
 package proxy
 
 import (
