@@ -34,9 +34,12 @@ import (
 // rawCodec sends []byte messages as they are: the tests need no protobuf.
 type rawCodec struct{}
 
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *(v.(*[]byte)), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), data...); return nil }
-func (rawCodec) Name() string                       { return "raw" }
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "raw" }
 
 // grpcUpstream is a gRPC server with three methods: /test.T/Unary (echoes; "hold" waits until
 // released or its context ends), /test.T/Count (server streaming: the request's decimal count of

@@ -27,7 +27,7 @@ type Downstream struct {
 	// Calls that came over HTTP/2, and gRPC calls among them (grpc.go).
 	h2Calls, grpcCalls atomic.Int64
 	srv                *http.Server
-	ln       net.Listener
+	ln                 net.Listener
 
 	mu       sync.Mutex
 	first429 []time.Time

@@ -91,9 +91,12 @@ func (d *Downstream) serveGRPC(w http.ResponseWriter, r *http.Request) {
 // rawCodec sends []byte messages as they are: the judge needs no protobuf.
 type rawCodec struct{}
 
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *(v.(*[]byte)), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = append([]byte(nil), data...); return nil }
-func (rawCodec) Name() string                       { return "raw" }
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "raw" }
 
 // grpcConns are the load's gRPC client connections, one per agent.
 type grpcConns struct {
