@@ -149,7 +149,7 @@ func measureGRPC(t target, o options, upAddr string) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	defer cc.Close()
+	defer func() { _ = cc.Close() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := grpcCall(cc)

@@ -122,8 +122,12 @@ func TestServerH2C(t *testing.T) {
 	_ = nc.(*net.TCPConn).CloseWrite()
 	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	res, err = http.ReadResponse(bufio.NewReader(nc), nil)
-	if err != nil || res.StatusCode != http.StatusHTTPVersionNotSupported {
-		t.Fatalf("PRI request line alone: %v %v", res, err)
+	if err != nil {
+		t.Fatalf("PRI request line alone: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusHTTPVersionNotSupported {
+		t.Fatalf("PRI request line alone: %s", res.Status)
 	}
 }
 

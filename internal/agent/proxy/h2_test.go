@@ -25,7 +25,9 @@ import (
 
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/grpcstatus"
+	"github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/testing/wait"
 )
 
@@ -68,7 +70,7 @@ func (u *grpcUpstream) enter() func() {
 
 func (u *grpcUpstream) releaseAll() { u.releaseOnce.Do(func() { close(u.release) }) }
 
-func newGRPCUpstream(t *testing.T) *grpcUpstream {
+func newGRPCUpstream(t testing.TB) *grpcUpstream {
 	t.Helper()
 	u := &grpcUpstream{release: make(chan struct{})}
 	u.lastDeadline.Store(-1)
@@ -138,7 +140,7 @@ func newGRPCUpstream(t *testing.T) *grpcUpstream {
 				defer u.enter()()
 				for {
 					var in []byte
-					if err := s.RecvMsg(&in); err == io.EOF {
+					if err := s.RecvMsg(&in); errors.Is(err, io.EOF) {
 						return nil
 					} else if err != nil {
 						return err
@@ -252,7 +254,7 @@ func TestGRPCThroughAgent(t *testing.T) {
 			t.Fatalf("message %d: %q %v", i, m, err)
 		}
 	}
-	if err := cs.RecvMsg(&m); err != io.EOF {
+	if err := cs.RecvMsg(&m); !errors.Is(err, io.EOF) {
 		t.Fatalf("end of stream: %v", err)
 	}
 	u.step = nil
@@ -278,7 +280,7 @@ func TestGRPCThroughAgent(t *testing.T) {
 		}
 	}
 	_ = bs.CloseSend()
-	if err := bs.RecvMsg(&m); err != io.EOF {
+	if err := bs.RecvMsg(&m); !errors.Is(err, io.EOF) {
 		t.Fatalf("end of chat: %v", err)
 	}
 	wait.For(t, "permits released", func() bool { return a.enf.Table().Lookup("echo").Sem.Stats().InFlight == 0 })
@@ -410,9 +412,16 @@ func TestGRPCDeadline(t *testing.T) {
 	}
 }
 
+// rawAnswer is an answer as rawGRPC read it.
+type rawAnswer struct {
+	StatusCode      int
+	ContentLength   int64
+	Header, Trailer http.Header
+}
+
 // rawGRPC sends one gRPC request with net/http's HTTP/2 client (h2c), to read the agent's
-// answer as the wire has it; the body is read to its end (the trailers are then in Trailer).
-func rawGRPC(t *testing.T, a *testAgent, authority, path, msg string, h http.Header) *http.Response {
+// answer as the wire has it; the body is read to its end (the trailers are then known).
+func rawGRPC(t *testing.T, a *testAgent, authority, path, msg string, h http.Header) rawAnswer {
 	t.Helper()
 	frame := make([]byte, 5+len(msg))
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
@@ -433,7 +442,7 @@ func rawGRPC(t *testing.T, a *testAgent, authority, path, msg string, h http.Hea
 	}
 	_, _ = io.Copy(io.Discard, res.Body)
 	res.Body.Close()
-	return res
+	return rawAnswer{StatusCode: res.StatusCode, ContentLength: res.ContentLength, Header: res.Header, Trailer: res.Trailer}
 }
 
 // newAgentWith is newAgent (on the real clock) with o's UpstreamTLS.
@@ -608,4 +617,46 @@ func TestH2UpstreamTLS(t *testing.T) {
 	if res.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), "HTTP/2") {
 		t.Fatalf("an https upstream without h2: %d %q", res.StatusCode, b)
 	}
+}
+
+// BenchmarkGRPCUnary: unary gRPC calls through the agent (grpc-go client and server in the
+// process, 8 in parallel on one connection), for profiles of the HTTP/2 path; the figures that
+// count are make bench-proxy's (its own processes, one core each).
+func BenchmarkGRPCUnary(b *testing.B) {
+	u := newGRPCUpstream(b)
+	m := metrics.New()
+	enf := enforce.New(enforce.Options{Metrics: m, Logger: quietLogger()})
+	d := grpcDownstream("echo", u.addr, 1000)
+	if _, err := enf.Apply(&assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
+		Downstreams: []assignment.Downstream{d}}, time.Time{}); err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &h1.Server{Refusal: Refusal, Handler: New(Options{Enforcer: enf, Logger: quietLogger()}), Logger: quietLogger(),
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 250}}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	cc, err := grpc.NewClient("passthrough:///"+ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority("echo"), grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	ctx := context.Background()
+	if _, err := unary(ctx, cc, "warm"); err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := unary(ctx, cc, "x"); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }

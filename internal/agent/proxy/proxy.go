@@ -736,17 +736,19 @@ func (c *call) Read(p []byte) (int, error) {
 	if c.tee != nil && n > 0 && !c.tee.write(p[:n]) {
 		c.tee = nil // larger than an entry may be
 	}
-	if err != nil {
-		if err == io.EOF {
-			if c.tee != nil {
-				c.h.storeTee(c.tee, c.h.clock.Now())
-				c.tee = nil
-			}
-		} else if c.bodyErr == nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		if c.tee != nil {
+			c.h.storeTee(c.tee, c.h.clock.Now())
+			c.tee = nil
+		}
+	default:
+		if c.bodyErr == nil {
 			c.bodyErr = err
 			c.tee = nil
 		}
-		if err != io.EOF && c.grpc {
+		if c.grpc {
 			err = c.grpcBodyBroke(err) // trailers with a status, not a reset stream
 		}
 	}
