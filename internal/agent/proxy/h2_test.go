@@ -349,14 +349,15 @@ func TestGRPCPermitsPerStream(t *testing.T) {
 }
 
 // A refusal whose wait is known carries grpc-retry-pushback-ms, and grpc-go's retry policy
-// honours it: with a rate of 2 per second, the second of two calls is refused (the next token
-// is 500ms away) and retried after the pushback, well before the policy's own backoff (60 s,
-// beyond the call's deadline) would have.
+// honours it: with a rate of one call per 2 s, the second of two calls is refused (the next
+// token is up to 2 s away, far beyond the 50 ms acquire timeout, however slow the machine is
+// between the two calls) and retried after the pushback, well before the policy's own backoff
+// (60 s, beyond the call's deadline) would have.
 func TestGRPCRetryPushback(t *testing.T) {
 	u := newGRPCUpstream(t)
 	a := newAgent(t, nil)
 	d := grpcDownstream("echo", u.addr, 5)
-	d.Rate = &assignment.Rate{PerSecond: 2, Burst: 1, Mode: "TokenBucket"}
+	d.Rate = &assignment.Rate{PerSecond: 0.5, Burst: 1, Mode: "TokenBucket"}
 	a.apply(t, nil, d)
 	const serviceConfig = `{"methodConfig": [{"name": [{"service": "test.T"}], "retryPolicy": {
 		"maxAttempts": 2, "initialBackoff": "60s", "maxBackoff": "60s", "backoffMultiplier": 1,
