@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -17,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -660,4 +663,99 @@ func BenchmarkGRPCUnary(b *testing.B) {
 			}
 		}
 	})
+}
+
+// Hostile HTTP/2 requests through the agent's listener: what RFC 9113 §8.2 calls malformed (a
+// connection-specific field, Transfer-Encoding, a TE other than trailers, an uppercase name, a
+// Content-Length its DATA contradicts) is refused by net/http's server (a reset stream, a 400, or
+// the connection closed with PROTOCOL_ERROR), before the agent's handler but for the body whose
+// length lies, which is streamed and found short only as it is read (a 400 to the app, the
+// upstream's stream reset): the upstream never gets a whole request of them, and a valid call
+// then passes.
+func TestH2CHostileRequests(t *testing.T) {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	var upstreamCalls atomic.Int32 // requests the upstream read whole
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err == nil {
+			upstreamCalls.Add(1)
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	up.Config.Protocols = &p
+	up.Start()
+	t.Cleanup(up.Close)
+	a := newAgent(t, nil)
+	a.apply(t, nil, downstream("h", up.URL, 4))
+	// call sends one request on a new connection and returns what became of it.
+	call := func(extra [][2]string, body string) string {
+		c, err := net.Dial("tcp", strings.TrimPrefix(a.srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fr := http2.NewFramer(c, c)
+		if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+			t.Fatal(err)
+		}
+		if err := fr.WriteSettings(); err != nil {
+			t.Fatal(err)
+		}
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		for _, f := range append([][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "agent"}, {":path", "/h/x"}}, extra...) {
+			_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: body == ""}); err != nil {
+			t.Fatal(err)
+		}
+		if body != "" {
+			_ = fr.WriteData(1, true, []byte(body))
+		}
+		dec := hpack.NewDecoder(4096, nil)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return "closed: " + err.Error()
+			}
+			switch f := f.(type) {
+			case *http2.RSTStreamFrame:
+				return "reset " + f.ErrCode.String()
+			case *http2.GoAwayFrame:
+				if f.ErrCode != http2.ErrCodeNo {
+					return "goaway " + f.ErrCode.String()
+				}
+			case *http2.HeadersFrame:
+				fields, err := dec.DecodeFull(f.HeaderBlockFragment())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, hf := range fields {
+					if hf.Name == ":status" {
+						return hf.Value
+					}
+				}
+			}
+		}
+	}
+	for _, extra := range [][][2]string{
+		{{"connection", "keep-alive"}},
+		{{"transfer-encoding", "chunked"}},
+		{{"te", "gzip"}},
+		{{"X-Upper", "v"}},
+		{{"content-length", "10"}},
+	} {
+		o := call(extra, "abc")
+		t.Logf("%v: %s", extra, o)
+		if o != "reset PROTOCOL_ERROR" && o != "400" && o != "goaway PROTOCOL_ERROR" {
+			t.Errorf("hostile request %v: %s", extra, o)
+		}
+	}
+	if n := upstreamCalls.Load(); n != 0 {
+		t.Fatalf("the upstream read %d of the hostile requests whole", n)
+	}
+	if o := call(nil, "abc"); o != "200" || upstreamCalls.Load() != 1 {
+		t.Fatalf("the valid call: %s; the upstream got %d calls, want 1", o, upstreamCalls.Load())
+	}
 }
