@@ -176,3 +176,30 @@ func isForbidden(pkg string) (string, bool) {
 	}
 	return "", false
 }
+
+// TestAgentBinaryLinksNoGRPC: the agent speaks gRPC's status codes itself (internal/agent/grpcstatus)
+// and links no gRPC implementation; grpc-go is for its tests (the real client and server the
+// HTTP/2 path is held to). The binary's own graph, tests excluded, must not reach it; the control
+// is a test graph that does.
+func TestAgentBinaryLinksNoGRPC(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the dependency check needs the go command: %v", err)
+	}
+	list := func(args ...string) []string {
+		out, err := exec.Command(gobin, append([]string{"list", "-deps"}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("go list %v: %v", args, err)
+		}
+		return strings.Fields(string(out))
+	}
+	grpc := func(pkgs []string) []string {
+		return slices.DeleteFunc(pkgs, func(p string) bool { return !strings.HasPrefix(p, "google.golang.org/grpc") })
+	}
+	if g := grpc(list(module + "/cmd/agent")); len(g) > 0 {
+		t.Errorf("the agent binary links %d gRPC packages, e.g. %s: write the spec's constants instead (internal/agent/grpcstatus)", len(g), g[0])
+	}
+	if g := grpc(list("-test", module+"/internal/agent/proxy")); len(g) == 0 {
+		t.Error("control: internal/agent/proxy's tests reach no gRPC package; the check sees nothing")
+	}
+}

@@ -254,7 +254,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	stalls := watchStalls(log)
 	defer stalls.stop()
-	// The data plane runs on the agent's own HTTP/1.1 server (see h1.Server); the requests it
+	// The data plane runs on the agent's own HTTP/1.1 server (see h1.Server, which hands HTTP/2
+	// connections to net/http's); the requests it
 	// refuses itself get the data plane's problem+json (proxy.Refusal).
 	dataSrv := &h1.Server{
 		Handler:           proxy.New(proxy.Options{Enforcer: enf, StaleCacheBytes: cfg.staleCacheBytes, Logger: log}),
@@ -262,6 +263,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		Logger:            log,
+		// HTTP/2 with prior knowledge (h2c, gRPC) on the same listener; every stream is a call
+		// with its own permit (docs/agent.md, "HTTP/2 and gRPC").
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 250},
 	}
 	controlSrv := &http.Server{
 		Handler: control.New(control.Options{

@@ -14,10 +14,16 @@
 // Host, the answer's head and Content-Length body): its cost per call is a fraction of a
 // proxy's, so that the closed loop measures the proxy, not the client.
 //
+// Then gRPC (grpc.go): unary calls of grpc-go's client at -grpc-rate calls/s on one
+// connection, to a grpc-go upstream directly, through the agent (h2c both ways), HAProxy
+// (proto h2) and nginx (grpc_pass): added p50 and p99, CPU per 1,000 calls/s, and the agent's
+// target of at most 150 µs added at p50.
+//
 // Usage (needs haproxy and nginx on PATH: hack/install-proxies.sh):
 //
 //	benchproxy -agent bin/agent [-agent-before /tmp/agent-old] [-rounds 3] [-rate 2000]
 //	           [-open 4s] [-closed 4s] [-conns 64] [-proxy-cpu 1] [-load-cpu 0] [-only agent,haproxy]
+//	           [-protocols http,grpc] [-grpc-rate 1000]
 //
 // It prints figures; it never fails on them.
 package main
@@ -49,6 +55,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, serveUpstream(os.Args[2])) // it returns only when it fails
 		os.Exit(1)
 	}
+	if len(os.Args) > 1 && os.Args[1] == "grpc-upstream" {
+		runtime.GOMAXPROCS(1)
+		fmt.Fprintln(os.Stderr, serveGRPCUpstream(os.Args[2])) // it returns only when it fails
+		os.Exit(1)
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "benchproxy:", err)
 		os.Exit(1)
@@ -62,6 +73,8 @@ type options struct {
 	conns              int
 	proxyCPU, loadCPU  string
 	only               string
+	protocols          string
+	grpcRate           int
 }
 
 func run() error {
@@ -76,7 +89,10 @@ func run() error {
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
 	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx)")
+	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
+	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
 	flag.Parse()
+	protocols := strings.Split(o.protocols, ",")
 
 	dir, err := os.MkdirTemp("", "benchproxy")
 	if err != nil {
@@ -87,6 +103,29 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	fmt.Printf("benchproxy: %d CPUs, load average %s\n", runtime.NumCPU(), loadAvg())
+	if slices.Contains(protocols, "http") {
+		if err := runHTTP(o, self, dir); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(protocols, "grpc") {
+		return runGRPC(o, self, dir)
+	}
+	return nil
+}
+
+// onlyTargets keeps direct and the proxies only names (all when only is empty).
+func onlyTargets(targets []target, only string) []target {
+	if only == "" {
+		return targets
+	}
+	keep := strings.Split(only, ",")
+	return slices.DeleteFunc(targets, func(t target) bool { return t.name != "direct" && !slices.Contains(keep, t.name) })
+}
+
+// runHTTP measures the HTTP/1.1 targets in rounds and reports them.
+func runHTTP(o options, self, dir string) error {
 	upAddr := freeAddr()
 	up := exec.Command("taskset", "-c", o.loadCPU, self, "upstream", upAddr)
 	up.Stderr = os.Stderr
@@ -104,12 +143,9 @@ func run() error {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, upAddr, dir))
 	}
 	targets = append(targets, haproxyTarget(upAddr, dir), nginxTarget(upAddr, dir))
-	if o.only != "" {
-		keep := strings.Split(o.only, ",")
-		targets = slices.DeleteFunc(targets, func(t target) bool { return t.name != "direct" && !slices.Contains(keep, t.name) })
-	}
-	fmt.Printf("benchproxy: %d rounds; open loop %d calls/s for %v, closed loop %d connections for %v; proxies on CPU %s, upstream and load on CPU %s; %d CPUs, load average %s\n",
-		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU, runtime.NumCPU(), loadAvg())
+	targets = onlyTargets(targets, o.only)
+	fmt.Printf("HTTP/1.1: %d rounds; open loop %d calls/s for %v, closed loop %d connections for %v; proxies on CPU %s, upstream and load on CPU %s\n",
+		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU)
 	res := map[string][]result{}
 	for r := range o.rounds {
 		order := slices.Clone(targets[1:])
@@ -229,19 +265,13 @@ type result struct {
 func measure(t target, o options, upAddr string) (result, error) {
 	addr, pid := upAddr, 0
 	if t.start != nil {
-		a, cmd, err := t.start(o.proxyCPU)
+		a, cmd, stop, err := startProxy(t, o)
 		if err != nil {
 			return result{}, err
 		}
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-		cmd.SysProcAttr = orphanKill()
-		if err := cmd.Start(); err != nil {
-			return result{}, err
-		}
-		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		defer stop()
 		if err := waitCall(a); err != nil {
-			return result{}, fmt.Errorf("%w; its stderr: %s", err, stderr.String())
+			return result{}, err
 		}
 		addr, pid = a, cmd.Process.Pid // taskset execs the proxy: same process
 	}
@@ -269,6 +299,44 @@ func measure(t target, o options, upAddr string) (result, error) {
 	r.errors = errs + cerrs
 	return r, nil
 }
+
+// startProxy starts t on the proxies' CPU; stop kills it (its stderr is printed when it failed
+// to start).
+func startProxy(t target, o options) (addr string, cmd *exec.Cmd, stop func(), err error) {
+	addr, cmd, err = t.start(o.proxyCPU)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+	cmd.SysProcAttr = orphanKill()
+	if err := cmd.Start(); err != nil {
+		return "", nil, nil, err
+	}
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	if err := waitListening(addr); err != nil {
+		stop()
+		return "", nil, nil, fmt.Errorf("%s: %w; its stderr: %s", t.name, err, stderr.String())
+	}
+	return addr, cmd, stop, nil
+}
+
+// waitListening waits until addr accepts connections.
+func waitListening(addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			return c.Close()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s does not listen: %w", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
 
 // orphanKill makes the kernel kill a child when this process ends, however it ends (an
 // interrupted run leaves no proxy or upstream behind).

@@ -34,8 +34,11 @@ import (
 //
 //  2. The HTTP/2 connection preface ("PRI * HTTP/2.0", RFC 9113 §3.4): net/http hands it to
 //     the handler as a request (to let it hijack the connection for h2c); Server answers 505
-//     (RFC 9110 §15.6.6: the major version is not supported) and closes. The agent speaks
-//     HTTP/1.1 to its app.
+//     (RFC 9110 §15.6.6: the major version is not supported) and closes — or, with HTTP2 set
+//     and the whole 24-byte preface received, hands the connection to net/http's HTTP/2 server
+//     (h2c.go), which this test does not compare: input that starts with the whole preface is
+//     HTTP/2's. Anything else, a "PRI * HTTP/2.0" request line without the rest of the
+//     preface included, is held to net/http's server with HTTP2 set as without.
 //
 // Everything else is the same, refusals included: 400 for what http.Server refuses (a field
 // name with whitespace before the colon, RFC 9112 §5.1; an invalid Host, RFC 9112 §3.2), 431
@@ -62,6 +65,7 @@ type outcome struct {
 // diffRig serves the recording handler with net/http's server and with Server.
 type diffRig struct {
 	netHTTP, agent string // addresses
+	agentH2        string // Server with HTTP2 set
 	mu             sync.Mutex
 	seen           []seen
 }
@@ -90,6 +94,15 @@ func newDiffRig(tb testing.TB) *diffRig {
 	go func() { _ = srv.Serve(ln) }()
 	tb.Cleanup(func() { _ = srv.Close() })
 	r.agent = ln.Addr().String()
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv2 := &Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger(),
+		HTTP2: &http.HTTP2Config{}}
+	go func() { _ = srv2.Serve(ln2) }()
+	tb.Cleanup(func() { _ = srv2.Close() })
+	r.agentH2 = ln2.Addr().String()
 	return r
 }
 
@@ -153,6 +166,12 @@ func (r *diffRig) check(t *testing.T, data []byte) {
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("Server differs from net/http's server (-net/http +agent):\n%s\ninput %q", d, data)
 	}
+	if bytes.HasPrefix(data, []byte(h2Preface)) {
+		return // HTTP/2's, with HTTP2 set
+	}
+	if d := cmp.Diff(want, r.run(t, r.agentH2, data)); d != "" {
+		t.Fatalf("Server with HTTP2 set differs from net/http's server (-net/http +agent):\n%s\ninput %q", d, data)
+	}
 }
 
 // serverCorpus is the differential test's seed: the head parser's corpus and the smuggling
@@ -169,6 +188,10 @@ func serverCorpus() []string {
 		"GET /a HTTP/1.1\r\nHost:\r\n\r\n",
 		"GET http://h/a HTTP/1.1\r\n\r\n",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"PRI * HTTP/2.0\r\n\r\n",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n",
+		"PRI * HTTP/2.0\r\n\r\nSX\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"PR",
 		"GET /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
 		"GET /a HTTP/1.1\r\nHost: a\r\nExpect: \r\nExpect: x\r\n\r\n",
 	)

@@ -17,13 +17,18 @@
 //   - Server reads exactly what net/http's server reads from the same bytes, and refuses what
 //     it refuses (400, 417, 431, 501, 505, closing the connection), but for two deliberate
 //     differences allowed by the RFC: a request with both Content-Length and Transfer-Encoding
-//     closes the connection after its answer (RFC 9112 §6.1), and the HTTP/2 preface is refused
-//     with 505. FuzzServerDifferential holds it to that on arbitrary input; FuzzRequestHead and
-//     FuzzResponseHead hold the one-pass head readers to net/http's.
+//     closes the connection after its answer (RFC 9112 §6.1), and the HTTP/2 preface
+//     ("PRI * HTTP/2.0", which net/http hands to the handler) is refused with 505 — unless
+//     Server.HTTP2 is set and the connection starts with the whole 24-byte preface: then the
+//     connection is HTTP/2 with prior knowledge (h2c) and is handed to net/http's own HTTP/2
+//     server (h2c.go), which owns its framing. FuzzServerDifferential holds it to that on
+//     arbitrary input, with HTTP2 set and without; FuzzRequestHead and FuzzResponseHead hold
+//     the one-pass head readers to net/http's.
 //   - Client never sends a request twice: a pooled connection is checked before it is reused
 //     (peek_linux.go), and any failure after the request was written is returned.
 //   - Hop-by-hop fields (IsHopByHop, RemoveHopByHop) are the one list of the agent.
 //
-// Not done: HTTP/2, TLS, Content-Type sniffing, protocol upgrades and Expect: 100-continue on
+// Not done: HTTP/2 of its own (the server hands h2c connections to net/http's; the client is
+// HTTP/1.1 only), TLS, Content-Type sniffing, protocol upgrades and Expect: 100-continue on
 // the client side (CanSend tells; http.Transport sends those).
 package h1

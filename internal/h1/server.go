@@ -28,8 +28,8 @@ import (
 // rest of its per-request machinery that was half of the agent's CPU on small calls. The app is
 // a local process on loopback; the agent needs HTTP/1.1 with keep-alive, pipelining (served in
 // order), streamed bodies both ways, Expect: 100-continue, hijacking for upgrades, trailers and
-// a graceful shutdown, which is what this implements. Not done here: HTTP/2 (the app speaks
-// HTTP/1.1 to 127.0.0.1), TLS, and Content-Type sniffing (a proxy passes the upstream's header
+// a graceful shutdown, which is what this implements. Not done here: HTTP/2 (handed to net/http's
+// HTTP/2 server when HTTP2 is set, see h2c.go), TLS, and Content-Type sniffing (a proxy passes the upstream's header
 // as it is). A request's context is cancelled when the app is found gone: only watched while
 // the handler waits (see watchCtx), and otherwise noticed when the answer cannot be written.
 type Server struct {
@@ -48,8 +48,16 @@ type Server struct {
 	// Content-Type; reason names the check that failed. nil: the status text and reason as
 	// text/plain.
 	Refusal func(status int, reason string) (contentType string, body []byte)
+	// HTTP2, when set, serves HTTP/2 with prior knowledge (h2c, RFC 9113 §3.3) on the same
+	// listeners: a connection whose first bytes are the HTTP/2 connection preface is handed to
+	// net/http's HTTP/2 server (see h2Server), which serves Handler over it with this
+	// configuration (its MaxConcurrentStreams, buffers, ...), with ReadHeaderTimeout,
+	// IdleTimeout and MaxHeaderBytes (its header list size) as above. Any other connection is
+	// HTTP/1.1 as ever. nil: the preface is refused with 505, as any version but HTTP/1.x.
+	HTTP2 *http.HTTP2Config
 
 	mu        sync.Mutex
+	h2srv     *h2Server // started by the first HTTP/2 connection (under mu)
 	listeners map[net.Listener]struct{}
 	conns     map[*srvConn]struct{}
 	closing   atomic.Bool
@@ -179,11 +187,22 @@ func (s *Server) beginClosing() {
 
 // Shutdown stops accepting, closes idle connections and waits until every request in flight
 // was answered (connections close after their answer) or ctx ends (its error is returned).
+// HTTP/2 connections get a GOAWAY and close once their streams in flight ended.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.beginClosing()
 	s.mu.Unlock()
 	s.closeListeners()
+	h2done := make(chan error, 1)
+	go func() { h2done <- s.shutdownH2(ctx) }()
+	if err := s.shutdownH1(ctx); err != nil {
+		return err
+	}
+	return <-h2done
+}
+
+// shutdownH1 closes the idle HTTP/1.1 connections until none is left or ctx ends.
+func (s *Server) shutdownH1(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -217,7 +236,7 @@ func (s *Server) Close() error {
 		_ = c.conn.Close()
 	}
 	s.mu.Unlock()
-	return nil
+	return s.closeH2()
 }
 
 func (s *Server) closeListeners() {
@@ -429,7 +448,7 @@ func (c *srvConn) serve() {
 			}
 		}
 		if hijacked {
-			c.s.forget(c)
+			c.s.forget(c) // hijacked, or handed to the HTTP/2 server (serveH2)
 			return
 		}
 		// An aborted answer is cut: what is buffered goes out, then the connection closes
@@ -446,7 +465,7 @@ func (c *srvConn) serve() {
 	if maxHeader <= 0 {
 		maxHeader = http.DefaultMaxHeaderBytes
 	}
-	lastPOST, peekNext := false, 1
+	lastPOST, peekNext, first := false, 1, true
 	for {
 		// Wait for the next request (IdleTimeout), then read its header (ReadHeaderTimeout):
 		// both enforced by the sweeper.
@@ -459,6 +478,13 @@ func (c *srvConn) serve() {
 		}
 		peekNext = 4
 		c.enter(phaseHeader)
+		if first && c.s.HTTP2 != nil && sawH2Preface(c.br) {
+			// HTTP/2 with prior knowledge: the connection is the HTTP/2 server's.
+			hijacked = true
+			c.serveH2()
+			return
+		}
+		first = false
 		if lastPOST {
 			// As net/http's server (RFC 7230 §3 tolerance for old clients that end a POST body
 			// with an extra CRLF): up to 4 CR or LF before the next request line are skipped.

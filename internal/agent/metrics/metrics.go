@@ -25,6 +25,10 @@
 //	                                             was held for abandonedHold
 //	upstream_duration_seconds                    histogram, to the response header (or error)
 //	acquire_wait_seconds                         histogram, rate wait + permit wait of forwarded calls
+//	h2_streams_open                              gauge, HTTP/2 streams forwarded now (each holds a
+//	                                             permit until it ends)
+//	h2_stream_duration_seconds                   histogram, how long a forwarded HTTP/2 stream held
+//	                                             its permit (to the end of its body and trailers)
 //	breaker_state                                gauge 0 closed, 1 open, 2 half-open
 //	breaker_transitions_total{from,to}
 //	degrade_switch_active{switch}                gauge 0/1
@@ -127,6 +131,8 @@ type Metrics struct {
 	transitions                   *prometheus.CounterVec
 	rejectedPushes                *prometheus.CounterVec
 	upstreamDuration, acquireWait *prometheus.HistogramVec
+	streamsOpen                   *prometheus.GaugeVec
+	streamDuration                *prometheus.HistogramVec
 	source                        atomic.Pointer[Source]
 	inflightD, waitingD, permitsD *prometheus.Desc
 	breakerD, switchD, peakD      *prometheus.Desc
@@ -164,6 +170,15 @@ func New() *Metrics {
 		Buckets: []float64{.0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"downstream"})
 	m.Registry.MustRegister(m.upstreamDuration, m.acquireWait)
+	m.streamsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "h2_streams_open",
+		Help: "HTTP/2 streams (gRPC calls included) forwarded to the downstream now; each holds a permit until it ends."},
+		[]string{"downstream"})
+	m.streamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "h2_stream_duration_seconds",
+		Help:    "How long a forwarded HTTP/2 stream held its permit: from admission to the end of its body and trailers.",
+		Buckets: []float64{.001, .005, .025, .1, .5, 1, 5, 30, 60, 300, 900, 3600},
+	}, []string{"downstream"})
+	m.Registry.MustRegister(m.streamsOpen, m.streamDuration)
 
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
@@ -199,6 +214,8 @@ type Downstream struct {
 	Abandoned        prometheus.Counter
 	UpstreamDuration prometheus.Observer
 	AcquireWait      prometheus.Observer
+	StreamsOpen      prometheus.Gauge
+	StreamDuration   prometheus.Observer
 	// Peak counts calls per second for peak_rps_last_minute.
 	Peak Peak
 
@@ -217,6 +234,8 @@ func (m *Metrics) Downstream(name string) *Downstream {
 		Abandoned:        m.abandoned.WithLabelValues(name),
 		UpstreamDuration: m.upstreamDuration.WithLabelValues(name),
 		AcquireWait:      m.acquireWait.WithLabelValues(name),
+		StreamsOpen:      m.streamsOpen.WithLabelValues(name),
+		StreamDuration:   m.streamDuration.WithLabelValues(name),
 	}
 	for i, r := range Reasons {
 		d.Rejected[i] = m.rejected.WithLabelValues(name, r)
@@ -243,6 +262,8 @@ func (m *Metrics) Forget(name string) {
 	}
 	m.upstreamDuration.DeletePartialMatch(l)
 	m.acquireWait.DeletePartialMatch(l)
+	m.streamsOpen.DeletePartialMatch(l)
+	m.streamDuration.DeletePartialMatch(l)
 }
 
 type stateCollector struct{ m *Metrics }

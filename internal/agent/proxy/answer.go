@@ -44,6 +44,9 @@ const (
 // switch's action).
 func (h *Handler) answerFallback(w http.ResponseWriter, r *http.Request, ds *enforce.Downstream, fc *fallback.Config,
 	reason fallback.Reason, retryAfter time.Duration, now time.Time) {
+	if grpcFallback(w, ds, reason, retryAfter) {
+		return // a gRPC caller gets a gRPC status (h2.go)
+	}
 	in := fallback.Input{Downstream: ds.Name, Reason: reason, Method: r.Method, RetryAfter: retryAfter, Now: now}
 	if fc.Action == fallback.ServeStale && r.Method == http.MethodGet && h.stale != nil {
 		if e, ok := h.stale.Get(fallback.Key(ds.Name, r.URL.RequestURI())); ok {
@@ -93,6 +96,9 @@ func problemJSON(status int, code, title, detail, downstream string) []byte {
 }
 
 func writeProblem(w http.ResponseWriter, status int, code, title, detail, downstream string) {
+	if grpcProblem(w, code, title, detail) {
+		return // a gRPC caller gets a gRPC status (h2.go)
+	}
 	b := problemJSON(status, code, title, detail, downstream)
 	hd := w.Header()
 	hd.Set("Content-Type", "application/problem+json")

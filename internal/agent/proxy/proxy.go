@@ -80,10 +80,16 @@
 // http.Transport. Both ways share the admission (admission.go), the call's state, the answers on
 // failure and the recording; the engine's client drops informational (1xx) answers, which the
 // ReverseProxy passes on. This package holds the policy; the engine knows nothing of it.
+//
+// HTTP/2 (h2.go): the server hands h2c connections to net/http's HTTP/2 server, which serves
+// Handler one stream at a time; each stream is a call as above, with its own permit held until
+// it ended, forwarded over HTTP/2 (the caller's protocol) by a second ReverseProxy over one
+// HTTP/2 transport per downstream. A gRPC caller's refusals are gRPC statuses, not problem+json.
 package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -119,6 +125,12 @@ type Options struct {
 	StaleCacheBytes int64
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// UpstreamTLS gives the TLS configuration of a new HTTP/2 connection to a downstream's https
+	// upstream (h2.go: asked at every connection, so that a rotated one applies to the next;
+	// ALPN is set by the caller, h2 only). nil, or a nil configuration: crypto/tls's defaults
+	// (the system's roots, the upstream URL's host as the server name). http upstreams are
+	// h2c and never ask.
+	UpstreamTLS func(cfg *enforce.Config) (*tls.Config, error)
 }
 
 // Handler is the data plane handler.
@@ -126,8 +138,13 @@ type Handler struct {
 	enf   *enforce.Enforcer
 	clock clock.WithDelayedExecution // the Enforcer's: admission, the calls' durations, the stale cache's ages
 	rp    *httputil.ReverseProxy
-	up    *h1.Client      // the lean client; nil when Options.Transport sends every call
-	stale *fallback.Cache // nil: nothing is cached
+	up    *h1.Client // the lean client; nil when Options.Transport sends every call
+	// rp2 forwards the calls that came over HTTP/2 over the downstreams' HTTP/2 transports
+	// (h2up; h2.go); nil when Options.Transport sends every call.
+	rp2         *httputil.ReverseProxy
+	h2up        *h2Upstreams
+	upstreamTLS func(cfg *enforce.Config) (*tls.Config, error)
+	stale       *fallback.Cache // nil: nothing is cached
 	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
 	maxEntry int64
 	log      *slog.Logger
@@ -165,7 +182,7 @@ func New(o Options) *Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger, up: up}
+	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger, up: up, upstreamTLS: o.UpstreamTLS}
 	if o.StaleCacheBytes > 0 {
 		h.stale = fallback.NewCache(o.StaleCacheBytes)
 		h.maxEntry = min(o.StaleCacheBytes/8, 1<<20)
@@ -178,6 +195,9 @@ func New(o Options) *Handler {
 		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
 		BufferPool:     bufferPool,
 	}
+	if up != nil {
+		h.rp2 = h.newH2Proxy()
+	}
 	return h
 }
 
@@ -188,6 +208,9 @@ func (h *Handler) CloseIdleConnections() {
 	}
 	if ci, ok := h.rp.Transport.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
+	}
+	if h.h2up != nil {
+		h.h2up.CloseIdleConnections()
 	}
 }
 
@@ -227,6 +250,10 @@ type call struct {
 	appFault bool
 	// dl sets the app connection's deadlines (nil: the server cannot).
 	dl deadliner
+	// h2: the call came over HTTP/2 (one stream of a connection); res: the upstream's
+	// response, kept for a gRPC caller only (its status is in the trailers, see h2.go).
+	h2, grpc bool
+	res      *http.Response
 }
 
 // deadliner is the part of http.ResponseController's interface to a ResponseWriter that sets
@@ -375,8 +402,11 @@ func (c *call) failApp(w http.ResponseWriter, upstreamErr error) bool {
 	c.appFault = true
 	c.err = upstreamErr
 	if c.appCtx.Err() == nil {
-		// The rest of the body cannot be told from a next request: the connection closes.
-		w.Header().Set("Connection", "close")
+		if !c.h2 {
+			// The rest of the body cannot be told from a next request: the connection closes.
+			// (An HTTP/2 stream's body is its own: the connection serves on.)
+			w.Header().Set("Connection", "close")
+		}
 		writeProblem(w, status, code, http.StatusText(status), detail, c.cfg.Name)
 	}
 	return true
@@ -391,19 +421,25 @@ func refuseMethod(w http.ResponseWriter, r *http.Request) bool {
 	}
 	h := w.Header()
 	h.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE")
-	h.Set("Connection", "close")
+	if r.ProtoMajor == 1 {
+		h.Set("Connection", "close") // over HTTP/2, it would end every stream of the connection
+	}
 	writeProblem(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed",
 		"the agent forwards calls to its downstreams and does not tunnel: CONNECT is refused", "")
 	return true
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w = callerWriter(w, r) // a gRPC caller's answers are gRPC statuses (h2.go)
 	if refuseMethod(w, r) {
 		return
 	}
 	name, rest := splitPath(r.URL.EscapedPath())
 	t := h.enf.Table()
 	ds := t.Lookup(name)
+	if ds == nil {
+		name, rest, ds = byAuthority(w, r, t, name, rest) // a gRPC call may name it in :authority (h2.go)
+	}
 	if ds == nil && !h.enf.Ready() {
 		// No assignment yet (or shutting down): the downstream may well exist, it is just not
 		// ours to call yet. The app gets a fallback-shaped 503, not a misleading 404, and no
@@ -429,7 +465,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// 2 to 6: admission.
 	cfg := ds.Config()
-	ad := admit(r.Context(), h.clock, t, ds, cfg, requestView(r), budget)
+	rv := requestView(r)
+	rv.Path = rest
+	ad := admit(r.Context(), h.clock, t, ds, cfg, rv, budget)
 	switch ad.verdict {
 	case refused:
 		h.answerFallback(w, r, ds, ad.action, ad.reason, ad.retryAfter, ad.at)
@@ -459,6 +497,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &call{h: h, ds: ds, cfg: cfg, rest: rest, appCtx: r.Context(), deadline: ioDeadline(dl.Sub(now)), byApp: byApp}
+	if r.ProtoMajor == 2 {
+		_, c.grpc = w.(*grpcCaller)
+		c.h2 = true
+	}
 	if budget.Set() {
 		passDeadline(r, dl.Sub(now))
 	}
@@ -485,6 +527,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The upstream call is not cancelled when the app gives up: the downstream would keep working
 	// on it while the permit went to the next call, and its in-flight count would exceed ours.
 	// The permit is held until the downstream answered or RequestTimeout passed.
+	if c.h2 && h.rp2 != nil {
+		h.forwardH2(w, r, c) // HTTP/2 in, HTTP/2 out (h2.go)
+		return
+	}
 	if h.up != nil && h1.CanSend(r, cfg.Upstream) {
 		h.forwardLean(w, r, c) // the deadline is the connection's
 		return
@@ -563,6 +609,9 @@ func (c *call) finish(tk breaker.Ticket) {
 	}
 	class := metrics.ClassError
 	failed := true
+	if c.err == nil && c.grpc {
+		c.grpcOutcome() // judged by its grpc-status
+	}
 	if c.err == nil {
 		class = metrics.ClassOf(c.status)
 		failed = c.status >= 500 || c.status == http.StatusTooManyRequests || (c.bodyErr != nil && c.appCtx.Err() == nil)
@@ -641,7 +690,9 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
 	if xff, ok := forwardedFor(in, pr.In.RemoteAddr); ok {
 		out.Header["X-Forwarded-For"] = []string{xff}
 	}
-	if out.Body == nil {
+	if out.Body == nil && !c.h2 {
+		// (HTTP/2's client retries only a request the upstream provably did not process, see
+		// newH2Transport: a request without a body there ends its stream with its header.)
 		// A request without a body is "replayable" to http.Transport, which then re-sends it
 		// when a kept-alive connection fails before the first response byte. The upstream may
 		// have received it: the agent never retries, so make the request non-replayable. The
@@ -663,6 +714,9 @@ func (h *Handler) modifyResponse(res *http.Response) error {
 func (c *call) gotResponse(res *http.Response) {
 	c.status = res.StatusCode
 	c.took = c.h.clock.Since(c.sent)
+	if c.grpc {
+		c.res = res
+	}
 	if res.StatusCode == http.StatusTooManyRequests {
 		c.ds.CountUpstream429()
 	}
@@ -682,15 +736,20 @@ func (c *call) Read(p []byte) (int, error) {
 	if c.tee != nil && n > 0 && !c.tee.write(p[:n]) {
 		c.tee = nil // larger than an entry may be
 	}
-	if err != nil {
-		if err == io.EOF {
-			if c.tee != nil {
-				c.h.storeTee(c.tee, c.h.clock.Now())
-				c.tee = nil
-			}
-		} else if c.bodyErr == nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		if c.tee != nil {
+			c.h.storeTee(c.tee, c.h.clock.Now())
+			c.tee = nil
+		}
+	default:
+		if c.bodyErr == nil {
 			c.bodyErr = err
 			c.tee = nil
+		}
+		if c.grpc {
+			err = c.grpcBodyBroke(err) // trailers with a status, not a reset stream
 		}
 	}
 	return n, err

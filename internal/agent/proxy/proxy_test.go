@@ -94,7 +94,8 @@ func serveAgent(t *testing.T, h http.Handler) testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger()}
+	srv := &h1.Server{Refusal: Refusal, Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, Logger: quietLogger(),
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 250}} // as the agent binary's
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

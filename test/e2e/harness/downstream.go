@@ -24,8 +24,10 @@ type Downstream struct {
 	total    atomic.Int64
 	ok       atomic.Int64
 	tooMany  atomic.Int64
-	srv      *http.Server
-	ln       net.Listener
+	// Calls that came over HTTP/2, and gRPC calls among them (grpc.go).
+	h2Calls, grpcCalls atomic.Int64
+	srv                *http.Server
+	ln                 net.Listener
 
 	mu       sync.Mutex
 	first429 []time.Time
@@ -48,9 +50,12 @@ type DownstreamStats struct {
 	OK          int64
 	TooMany429  int64
 	LatencyNano int64
+	// HTTP2 calls came over HTTP/2, GRPC of them were gRPC calls.
+	HTTP2, GRPC int64
 }
 
-// StartDownstream listens on 127.0.0.1 (a free port).
+// StartDownstream listens on 127.0.0.1 (a free port), for HTTP/1.1 and HTTP/2 with prior
+// knowledge (h2c) alike.
 func StartDownstream(limit int64, latency time.Duration) (*Downstream, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -58,7 +63,10 @@ func StartDownstream(limit int64, latency time.Duration) (*Downstream, error) {
 	}
 	d := &Downstream{Limit: limit, ln: ln, URL: "http://" + ln.Addr().String()}
 	d.latency.Store(int64(latency))
-	d.srv = &http.Server{Handler: d, ReadHeaderTimeout: 5 * time.Second}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	d.srv = &http.Server{Handler: d, ReadHeaderTimeout: 5 * time.Second, Protocols: &p}
 	go func() { _ = d.srv.Serve(ln) }()
 	return d, nil
 }
@@ -68,16 +76,18 @@ func (d *Downstream) SetLatency(l time.Duration) { d.latency.Store(int64(l)) }
 
 // ServeHTTP implements the partner.
 func (d *Downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 2 {
+		d.h2Calls.Add(1)
+	}
+	if isGRPC(r) {
+		d.serveGRPC(w, r)
+		return
+	}
 	d.total.Add(1)
 	n := d.inFlight.Add(1)
 	defer d.inFlight.Add(-1)
 	if n > d.Limit {
-		d.tooMany.Add(1)
-		d.mu.Lock()
-		if len(d.first429) < 20 {
-			d.first429 = append(d.first429, time.Now())
-		}
-		d.mu.Unlock()
+		d.refused()
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, fmt.Sprintf("too many concurrent calls (%d > %d)", n, d.Limit), http.StatusTooManyRequests)
 		return
@@ -96,6 +106,16 @@ func (d *Downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"ok":true}` + "\n"))
 }
 
+// refused counts a call beyond the limit (answered 429, or RESOURCE_EXHAUSTED to gRPC).
+func (d *Downstream) refused() {
+	d.tooMany.Add(1)
+	d.mu.Lock()
+	if len(d.first429) < 20 {
+		d.first429 = append(d.first429, time.Now())
+	}
+	d.mu.Unlock()
+}
+
 func storeMax(v *atomic.Int64, n int64) {
 	for {
 		cur := v.Load()
@@ -110,6 +130,7 @@ func (d *Downstream) Stats() DownstreamStats {
 	return DownstreamStats{
 		Limit: d.Limit, InFlight: d.inFlight.Load(), Peak: d.peak.Load(), WindowPeak: d.winPeak.Load(),
 		Total: d.total.Load(), OK: d.ok.Load(), TooMany429: d.tooMany.Load(), LatencyNano: d.latency.Load(),
+		HTTP2: d.h2Calls.Load(), GRPC: d.grpcCalls.Load(),
 	}
 }
 

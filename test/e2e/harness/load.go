@@ -37,6 +37,9 @@ type LoadConfig struct {
 	// app): the calls wait in the kernel's queues until it resumes. By default the app is taken
 	// to be frozen with it.
 	CallSuspended bool
+	// Protocol the apps speak to their agents: ProtocolHTTP1 (""), ProtocolH2C or
+	// ProtocolGRPCStream (grpc.go).
+	Protocol string
 }
 
 // LoadStats counts the app's outcomes.
@@ -71,6 +74,7 @@ type Load struct {
 
 	requests, ok, fallback, tooMany, other, errs atomic.Int64
 	codes                                        [600]atomic.Int64
+	grpc                                         grpcConns // ProtocolGRPCStream's connections
 }
 
 // StartLoad starts the load.
@@ -90,6 +94,9 @@ func StartLoad(ctx context.Context, cfg LoadConfig) *Load {
 			DisableCompression:  true,
 		},
 	}
+	if cfg.Protocol == ProtocolH2C {
+		l.client.Transport = h2cTransport()
+	}
 	if cfg.MaxDuration > 0 {
 		ctx, l.cancel = context.WithTimeout(ctx, cfg.MaxDuration)
 	} else {
@@ -101,6 +108,7 @@ func StartLoad(ctx context.Context, cfg LoadConfig) *Load {
 
 func (l *Load) run(ctx context.Context) {
 	defer close(l.done)
+	defer l.grpc.closeAll()
 	type running struct {
 		cancel context.CancelFunc
 	}
@@ -168,10 +176,9 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 		}
 		l.requests.Add(1)
 		a.noteCall()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := l.client.Do(req)
+		code, err := l.call(ctx, a, url)
 		if err == nil {
-			a.firstStatus.CompareAndSwap(0, int32(resp.StatusCode))
+			a.firstStatus.CompareAndSwap(0, int32(code))
 		}
 		switch {
 		case err != nil:
@@ -182,27 +189,41 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 			l.errs.Add(1)
 			sleepCtx(ctx, 20*time.Millisecond)
 			continue
-		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		case code >= 200 && code < 300:
 			l.ok.Add(1)
-		case resp.StatusCode == http.StatusServiceUnavailable:
+		case code == http.StatusServiceUnavailable:
 			l.fallback.Add(1)
-		case resp.StatusCode == http.StatusTooManyRequests:
+		case code == http.StatusTooManyRequests:
 			l.tooMany.Add(1)
 		default:
 			l.other.Add(1)
-			if resp.StatusCode > 0 && resp.StatusCode < len(l.codes) {
-				l.codes[resp.StatusCode].Add(1)
+			if code > 0 && code < len(l.codes) {
+				l.codes[code].Add(1)
 			}
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
+		if code != http.StatusOK && code != http.StatusServiceUnavailable {
 			// e.g. 404 before the agent's first assignment names the downstream: do not spin.
 			sleepCtx(ctx, 20*time.Millisecond)
 		} else if l.cfg.Think > 0 {
 			sleepCtx(ctx, l.cfg.Think)
 		}
 	}
+}
+
+// call makes one call through the agent in the load's protocol and returns its status (a gRPC
+// call's told as an HTTP status, see grpcCall); an error: no answer.
+func (l *Load) call(ctx context.Context, a *Agent, url string) (int, error) {
+	if l.cfg.Protocol == ProtocolGRPCStream {
+		return l.grpcCall(ctx, a)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

@@ -63,6 +63,8 @@ type ScenarioConfig struct {
 	NoLoad          bool
 	// CallSuspended: the app keeps calling a SIGSTOPped agent (see LoadConfig).
 	CallSuspended bool
+	// Protocol the load speaks to the agents (LoadConfig.Protocol; default HTTP/1.1).
+	Protocol string
 	// Bootstrap starts every agent with --bootstrap: the quota's downstream at its safe default
 	// (limit × factor / maxReplicas), as a pod configured to work without a manager would.
 	Bootstrap bool
@@ -239,7 +241,7 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	s.Started = time.Now()
 	if !cfg.NoLoad {
 		s.Load = StartLoad(s.ctx, LoadConfig{Source: s.Workload, Downstream: s.Cfg.Quota, WorkersPerAgent: cfg.WorkersPerAgent,
-			Timeout: 5 * time.Second, CallSuspended: cfg.CallSuspended})
+			Timeout: 5 * time.Second, CallSuspended: cfg.CallSuspended, Protocol: cfg.Protocol})
 	}
 	return s, nil
 }

@@ -1,0 +1,320 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apportion/apportion/internal/agent/enforce"
+	"github.com/apportion/apportion/internal/agent/fallback"
+	"github.com/apportion/apportion/internal/agent/grpcstatus"
+	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/h1"
+)
+
+// HTTP/2 and gRPC (see docs/agent.md, "HTTP/2 and gRPC").
+//
+// The app may speak HTTP/2 with prior knowledge (h2c) to the agent's listener: h1.Server hands
+// such a connection to net/http's HTTP/2 server, which serves Handler, one ServeHTTP per
+// stream. Every stream is a call like any other: the same admission (admit: degrade, breaker,
+// rate, lanes, permit, ticket), its own permit held until the stream ended (the upstream's body
+// and trailers passed on, or the call failed), the same deadline (grpc-timeout or
+// X-Apportion-Timeout, bounding the waits and the stream), the same release and breaker
+// verdict. Permits count streams, never connections: fifty streams on one connection are fifty
+// calls. A long stream holds its permit for as long as it lasts (at most requestTimeout, or the
+// app's own deadline): apportion_agent_h2_streams_open and _h2_stream_duration_seconds show it.
+//
+// Forwarding follows the caller's protocol: a call that came over HTTP/2 goes out over HTTP/2
+// (h2c to an http upstream, TLS with ALPN h2 to an https one), a call that came over HTTP/1.1
+// goes out over HTTP/1.1 as ever. One transport per downstream (h2Upstreams), net/http's, with
+// HTTP/2 only: its connections carry many streams, its flow control is the library's, trailers
+// pass through. An https downstream that does not negotiate h2 fails the call (502): gRPC needs
+// HTTP/2 end to end.
+//
+// Refusals speak the caller's protocol. A gRPC caller (HTTP/2, Content-Type application/grpc*)
+// gets a trailers-only response with a grpc-status (grpcstatus.Write): RESOURCE_EXHAUSTED for no
+// permit, no rate token or a full queue, UNAVAILABLE for an open breaker, a degrade switch, no
+// assignment yet, a stalled agent or an upstream that failed, DEADLINE_EXCEEDED for a deadline
+// (the app's, or requestTimeout), UNIMPLEMENTED for an unknown downstream, INTERNAL for a
+// malformed request; grpc-retry-pushback-ms when the wait is known (the same cases as
+// Retry-After). Any other HTTP/2 caller gets the problem+json an HTTP/1.1 caller gets.
+
+// grpcCaller is the ResponseWriter of a gRPC call: the agent's own answers on it (writeProblem,
+// answerFallback, an upstream body that broke) become gRPC statuses; the upstream's answer
+// passes through it unchanged.
+type grpcCaller struct {
+	http.ResponseWriter
+}
+
+func (g *grpcCaller) Unwrap() http.ResponseWriter { return g.ResponseWriter }
+
+func (g *grpcCaller) FlushError() error { return http.NewResponseController(g.ResponseWriter).Flush() }
+
+func (g *grpcCaller) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(g.ResponseWriter).SetReadDeadline(t)
+}
+
+func (g *grpcCaller) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(g.ResponseWriter).SetWriteDeadline(t)
+}
+
+// callerWriter returns w as the call's ResponseWriter: wrapped when the caller speaks gRPC.
+func callerWriter(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	if r.ProtoMajor == 2 && grpcstatus.IsGRPC(r.Header.Get("Content-Type")) {
+		return &grpcCaller{ResponseWriter: w}
+	}
+	return w
+}
+
+// byAuthority routes a gRPC call whose path does not start with a downstream's name by its
+// :authority: a gRPC client cannot put a prefix before its method's path without an
+// interceptor, but it can name the authority (grpc.WithAuthority("payments"), and the agent's
+// address as the target). The authority's host (without a port) names the downstream, and the
+// whole path is forwarded. The path's first segment, when it names a downstream, wins. name,
+// rest and nil are returned as given when the authority names none either.
+func byAuthority(w http.ResponseWriter, r *http.Request, t *enforce.Table, name, rest string) (string, string, *enforce.Downstream) {
+	if _, ok := w.(*grpcCaller); !ok {
+		return name, rest, nil
+	}
+	host := r.Host
+	if hp, _, err := net.SplitHostPort(host); err == nil {
+		host = hp
+	}
+	if ds := t.Lookup(host); ds != nil {
+		return host, r.URL.EscapedPath(), ds
+	}
+	return name, rest, nil
+}
+
+// grpcProblem answers a gRPC caller in place of the problem+json of code; false: w is not a
+// gRPC caller's.
+func grpcProblem(w http.ResponseWriter, code, title, detail string) bool {
+	g, ok := w.(*grpcCaller)
+	if !ok {
+		return false
+	}
+	grpcstatus.Write(g, grpcCodeOf(code), "apportion: "+title+": "+detail, 0)
+	return true
+}
+
+// grpcCodeOf is the gRPC status of the agent's own answer with problem code.
+func grpcCodeOf(code string) grpcstatus.Code {
+	switch code {
+	case CodeDeadlineExceeded, CodeUpstreamTimeout, CodeRequestTimeout:
+		return grpcstatus.DeadlineExceeded
+	case CodeUnknownDownstream, CodeMethodNotAllowed:
+		return grpcstatus.Unimplemented
+	case CodeNotConfigured, CodeStalled, CodeUpstreamUnavailable, CodeUpstreamBadResponse:
+		return grpcstatus.Unavailable
+	}
+	return grpcstatus.Internal // the app's request is malformed (CodeBadRequest, ...)
+}
+
+// grpcFallback answers a refused gRPC call: whatever the fallback (Static and ServeStale are
+// HTTP answers a gRPC client cannot read, and ServeStale only ever serves GET), a status by
+// the reason, with the pushback when the wait is known; counted as a reject. False: w is not a
+// gRPC caller's.
+func grpcFallback(w http.ResponseWriter, ds *enforce.Downstream, reason fallback.Reason, retryAfter time.Duration) bool {
+	g, ok := w.(*grpcCaller)
+	if !ok {
+		return false
+	}
+	ds.Metrics.Fallback[metrics.ActionReject].Inc()
+	code := grpcstatus.Unavailable // circuit-open, degraded
+	switch reason {
+	case fallback.NoPermit, fallback.RateLimited, fallback.QueueFull:
+		code = grpcstatus.ResourceExhausted
+	}
+	h := g.Header()
+	h.Set(fallback.HeaderFallback, "reject")
+	h.Set(fallback.HeaderReason, string(reason))
+	grpcstatus.Write(g, code, "apportion: downstream "+ds.Name+" refused the call: "+string(reason), retryAfter)
+	return true
+}
+
+// grpcBodyBroke ends a gRPC call whose upstream body broke after its header was passed on: the
+// trailers say UNAVAILABLE (DEADLINE_EXCEEDED when the call's deadline cut it), where an
+// HTTP/1.1 caller's answer is cut; the gRPC client reads a status, not a reset stream. It
+// returns io.EOF for the body (the ReverseProxy then sends the trailers) or err when the call
+// is not a gRPC caller's.
+func (c *call) grpcBodyBroke(err error) error {
+	if c.res == nil {
+		return err
+	}
+	code, msg := grpcstatus.Unavailable, "apportion: the downstream's answer broke off: "+upstreamError(err)
+	if isTimeout(err) || c.pastDeadline() {
+		code, msg = grpcstatus.DeadlineExceeded, "apportion: the call's deadline passed while the downstream answered"
+	}
+	c.res.Trailer = http.Header{
+		grpcstatus.HeaderStatus:  {strconv.Itoa(int(code))},
+		grpcstatus.HeaderMessage: {grpcstatus.EncodeMessage(msg)},
+	}
+	return io.EOF
+}
+
+// grpcOutcome is the HTTP status the breaker and the metrics judge a gRPC call by: its HTTP
+// status is 200 whatever the outcome, which is the grpc-status in its trailers (or header).
+// A call whose body broke keeps its failure (bodyErr); a stream that ended without a status is
+// judged by its HTTP status.
+func (c *call) grpcOutcome() {
+	if c.res == nil || c.status != http.StatusOK || c.bodyErr != nil {
+		return
+	}
+	code, ok := grpcstatus.Of(c.res.Header, c.res.Trailer)
+	if !ok {
+		return
+	}
+	c.status = grpcstatus.HTTPStatus(code)
+	if code == grpcstatus.ResourceExhausted {
+		c.ds.CountUpstream429()
+	}
+}
+
+// h2Upstreams are the HTTP/2 transports, one per downstream: a downstream's connections are
+// its own (its TLS configuration, from Options.UpstreamTLS, is), and carry its streams. A
+// downstream whose upstream changed scheme or address gets a new transport; the old one's idle
+// connections are closed.
+type h2Upstreams struct {
+	h  *Handler
+	mu sync.Mutex
+	m  map[string]*h2Upstream
+}
+
+type h2Upstream struct {
+	scheme, host string
+	t            *http.Transport
+}
+
+// RoundTrip sends the call's request over its downstream's transport.
+func (u *h2Upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
+	c := req.Context().Value(callKey{}).(*call)
+	return u.transport(c.cfg).RoundTrip(req)
+}
+
+func (u *h2Upstreams) transport(cfg *enforce.Config) *http.Transport {
+	up := cfg.Upstream
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if e := u.m[cfg.Name]; e != nil {
+		if e.scheme == up.Scheme && e.host == up.Host {
+			return e.t
+		}
+		e.t.CloseIdleConnections()
+	}
+	if u.m == nil {
+		u.m = map[string]*h2Upstream{}
+	}
+	e := &h2Upstream{scheme: up.Scheme, host: up.Host, t: u.h.newH2Transport(cfg.Name)}
+	u.m[cfg.Name] = e
+	return e.t
+}
+
+func (u *h2Upstreams) CloseIdleConnections() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, e := range u.m {
+		e.t.CloseIdleConnections()
+	}
+}
+
+// upstreamDialer dials the upstreams' TCP connections.
+var upstreamDialer = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+
+// newH2Transport returns the HTTP/2 transport of the downstream name: h2c with prior knowledge
+// to http upstreams, TLS with ALPN h2 to https ones (dialTLS), never HTTP/1.1. A request is sent
+// once: net/http's HTTP/2 client retries only a request the upstream provably did not process
+// (a stream it refused, or one above the last stream a GOAWAY accepted).
+func (h *Handler) newH2Transport(name string) *http.Transport {
+	var p http.Protocols
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Transport{
+		Proxy:       nil,
+		DialContext: upstreamDialer.DialContext,
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return h.dialTLS(ctx, name, network, addr)
+		},
+		Protocols:              &p,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: h1.MaxResponseHeaderBytes,
+	}
+}
+
+// errNoH2 is the failure of an https upstream that does not speak HTTP/2.
+var errNoH2 = errors.New("the downstream did not negotiate HTTP/2 (ALPN h2)")
+
+// dialTLS opens a TLS connection to the https upstream of the downstream name, with the TLS
+// configuration Options.UpstreamTLS gives for its current configuration (asked at every
+// connection: a rotated certificate applies to the next one), ALPN h2 only.
+func (h *Handler) dialTLS(ctx context.Context, name, network, addr string) (net.Conn, error) {
+	var conf *tls.Config
+	if h.upstreamTLS != nil {
+		if ds := h.enf.Table().Lookup(name); ds != nil {
+			var err error
+			if conf, err = h.upstreamTLS(ds.Config()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if conf == nil {
+		conf = &tls.Config{MinVersion: tls.VersionTLS12} // crypto/tls's defaults: system roots, the URL's host
+	} else {
+		conf = conf.Clone()
+	}
+	conf.NextProtos = []string{"h2"}
+	nc, err := (&tls.Dialer{NetDialer: upstreamDialer, Config: conf}).DialContext(ctx, network, addr)
+	if err != nil && strings.Contains(err.Error(), "no application protocol") {
+		// The server's no_application_protocol alert (RFC 7301 §3.2): it speaks HTTP/1.1 only.
+		// crypto/tls reports a received alert as a *net.OpError around an unexported type.
+		return nil, errNoH2
+	}
+	if err != nil {
+		return nil, err
+	}
+	if nc.(*tls.Conn).ConnectionState().NegotiatedProtocol != "h2" {
+		_ = nc.Close()
+		return nil, errNoH2
+	}
+	return nc, nil
+}
+
+// newH2Proxy is the ReverseProxy of the calls that came over HTTP/2: the same hooks as the
+// HTTP/1.1 one's, over the downstreams' HTTP/2 transports.
+func (h *Handler) newH2Proxy() *httputil.ReverseProxy {
+	h.h2up = &h2Upstreams{h: h}
+	return &httputil.ReverseProxy{
+		Rewrite:        h.rewrite,
+		Transport:      h.h2up,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.errorHandler,
+		ErrorLog:       h.rp.ErrorLog,
+		BufferPool:     bufferPool,
+	}
+}
+
+// forwardH2 forwards a call that came over HTTP/2 and holds its permit until the stream ended:
+// the ReverseProxy returns once the upstream's body and trailers were passed on (a response
+// without a length, gRPC's, is flushed as it arrives), or the call failed.
+func (h *Handler) forwardH2(w http.ResponseWriter, r *http.Request, c *call) {
+	m := c.ds.Metrics
+	m.StreamsOpen.Inc()
+	start := h.clock.Now()
+	defer func() {
+		m.StreamsOpen.Dec()
+		m.StreamDuration.Observe(h.clock.Since(start).Seconds())
+	}()
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), c.deadline)
+	defer cancel()
+	c.ctx = ctx
+	h.rp2.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
+}
