@@ -65,7 +65,6 @@ type modelCAS struct {
 // noCAS, a mutation the test can be run with, writes the allocation without its precondition.
 var noCAS = os.Getenv("APPORTION_HUB_MUTATE") == "no-cas"
 
-
 type modelRead struct {
 	startedAt  time.Time // member clock
 	completeAt time.Time // true time
@@ -146,12 +145,12 @@ func newModel(t *testing.T, seed uint64) *model {
 	var reservedSum int64
 	for i := range n {
 		mm := &modelMember{
-			name:     fmt.Sprintf("c%d", i),
-			clock:    newClock(rng, rho, time.Unix(1_800_000_000, 0)),
-			drain:    time.Duration(1+rng.IntN(4)) * time.Second,
-			up:       true,
-			lease:    NewLease(nil),
-			demand:   int64(rng.IntN(int(m.global) + 1)),
+			name:   fmt.Sprintf("c%d", i),
+			clock:  newClock(rng, rho, time.Unix(1_800_000_000, 0)),
+			drain:  time.Duration(1+rng.IntN(4)) * time.Second,
+			up:     true,
+			lease:  NewLease(nil),
+			demand: int64(rng.IntN(int(m.global) + 1)),
 		}
 		mm.innerMax = mm.drain
 		if rng.IntN(3) == 0 && reservedSum < m.global {
@@ -197,7 +196,6 @@ func (c modelClock) at(t time.Time) time.Time {
 	d := t.Sub(c.base)
 	return c.base.Add(c.offset + d + time.Duration(float64(d)*c.rate))
 }
-
 
 // hubStep is one reconcile of one hub manager.
 func (m *model) hubStep(h *modelHub) {
