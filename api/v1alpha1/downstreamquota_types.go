@@ -218,6 +218,8 @@ type DownstreamQuotaSpec struct {
 	Lanes []Lane `json:"lanes,omitempty"`
 	// global makes this quota a member's part of a GlobalQuota on a hub cluster (global_types.go):
 	// its local limit is the slice the hub grants it, at most maxInFlight. Set at creation only.
+	// Not acted on yet (docs/protocol.md §16, "Not yet built"): the quota is apportioned on
+	// maxInFlight as if global were not set.
 	// +optional
 	Global *GlobalRef `json:"global,omitempty"`
 }

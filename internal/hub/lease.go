@@ -76,3 +76,6 @@ func (l *Lease) Acknowledge(counted, recorded int64) (seq int64, ok bool) {
 	}
 	return l.grant.Seq, true
 }
+
+// Duration is the lease duration of the newest grant read (0 before the first read).
+func (l *Lease) Duration() time.Duration { return l.duration }

@@ -259,7 +259,7 @@ func (m *model) hubStep(h *modelHub) {
 		h.ledger.Acknowledged(mm.name, s.acked)
 		shares = append(shares, Share{Cluster: mm.name, Reserved: mm.reserved, Demand: s.demand, Current: h.ledger.Current(mm.name).Slice})
 	}
-	want, damped, err := Slices(m.global, m.policy, shares, uint64(m.now.Unix()/300), hnow, h.lastDamped)
+	want, damped, err := Slices(m.global, m.policy, shares, uint64(m.now.Unix()/300), nil, hnow, h.lastDamped)
 	if err != nil {
 		m.t.Fatalf("slices: %v", err)
 	}

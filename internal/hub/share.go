@@ -32,11 +32,12 @@ type Share struct {
 
 // Slices decides the slice each member should hold (in input order): its reserved slice, plus
 // its part of global − Σ reserved — equal, or by demand above the reserved slice with the same
-// dampers as between pods (demand.Step with demand.DefaultDamping: a 20 % dead band, at most a
-// quarter moved per round, a damped round at most every 10 s). last is the time of the previous
-// damped round (zero: none); damped says whether this one was (the caller records now then).
-// Σ result ≤ global. rotation is the slow counter that rotates who gets the remainder.
-func Slices(global int64, policy Policy, members []Share, rotation uint64, now, last time.Time) (out []int64, damped bool, err error) {
+// dampers as between pods (demand.Step with damping(budget), demand.DefaultDamping when nil: a
+// 20 % dead band, at most a quarter moved per round, a damped round at most every 10 s). last is
+// the time of the previous damped round (zero: none); damped says whether this one was (the
+// caller records now then). Σ result ≤ global. rotation is the slow counter that rotates who
+// gets the remainder.
+func Slices(global int64, policy Policy, members []Share, rotation uint64, damping func(budget int64) demand.Damping, now, last time.Time) (out []int64, damped bool, err error) {
 	var reserved int64
 	seen := map[string]bool{}
 	for _, m := range members {
@@ -67,7 +68,10 @@ func Slices(global int64, policy Policy, members []Share, rotation uint64, now, 
 	target := demand.Target(budget, 0, above, rank)
 	next := target
 	if policy == DemandAware {
-		next, damped = demand.Step(budget, 0, current, target, demand.DefaultDamping(budget), now, last)
+		if damping == nil {
+			damping = demand.DefaultDamping
+		}
+		next, damped = demand.Step(budget, 0, current, target, damping(budget), now, last)
 	}
 	out = make([]int64, n)
 	for i, m := range members {

@@ -25,7 +25,7 @@ func TestSlicesProperties(t *testing.T) {
 			shares[i].Current = shares[i].Reserved + rng.Int64N((global-reserved)/int64(n)+1)
 		}
 		policy := Policy(rng.IntN(2))
-		out, _, err := Slices(global, policy, shares, rng.Uint64(), t0, t0.Add(-time.Duration(rng.Int64N(20e9))))
+		out, _, err := Slices(global, policy, shares, rng.Uint64(), nil, t0, t0.Add(-time.Duration(rng.Int64N(20e9))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestSlicesProperties(t *testing.T) {
 			t.Fatalf("Equal: %v of %d, shares %+v", out, global, shares)
 		}
 	}
-	if _, _, err := Slices(5, Equal, []Share{{Cluster: "a", Reserved: 3}, {Cluster: "b", Reserved: 3}}, 0, t0, t0); err == nil {
+	if _, _, err := Slices(5, Equal, []Share{{Cluster: "a", Reserved: 3}, {Cluster: "b", Reserved: 3}}, 0, nil, t0, t0); err == nil {
 		t.Fatal("reserved slices above the global limit were accepted")
 	}
 }
@@ -52,7 +52,7 @@ func TestSlicesProperties(t *testing.T) {
 // Under DemandAware the busy member gets more than the idle one, and moves are damped.
 func TestSlicesFollowDemand(t *testing.T) {
 	shares := []Share{{Cluster: "a", Demand: 90, Current: 50}, {Cluster: "b", Demand: 5, Current: 50}}
-	out, damped, err := Slices(100, DemandAware, shares, 0, t0, t0.Add(-10*time.Second))
+	out, damped, err := Slices(100, DemandAware, shares, 0, nil, t0, t0.Add(-10*time.Second))
 	if err != nil || !damped {
 		t.Fatalf("%v %v", err, damped)
 	}
@@ -60,7 +60,7 @@ func TestSlicesFollowDemand(t *testing.T) {
 	if out[0] != 75 || out[1] != 25 {
 		t.Fatalf("first round: %v", out)
 	}
-	if out2, damped, _ := Slices(100, DemandAware, []Share{{Cluster: "a", Demand: 90, Current: 75}, {Cluster: "b", Demand: 5, Current: 25}}, 0, t0.Add(time.Second), t0); damped || out2[0] != 75 {
+	if out2, damped, _ := Slices(100, DemandAware, []Share{{Cluster: "a", Demand: 90, Current: 75}, {Cluster: "b", Demand: 5, Current: 25}}, 0, nil, t0.Add(time.Second), t0); damped || out2[0] != 75 {
 		t.Fatalf("a second round within the interval moved: %v", out2)
 	}
 }
