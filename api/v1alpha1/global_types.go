@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // One downstream's limit shared by several clusters (docs/protocol.md §16): on a hub cluster, a
@@ -35,6 +36,7 @@ type GlobalMember struct {
 }
 
 // SliceLease is how long a member may use a slice without hearing from the hub.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.duration) || (has(self.duration) && duration(self.duration) >= duration(oldSelf.duration))",message="lease.duration never shortens: a member may hold a grant it read under the longer lease, which the hub's bounds must cover"
 type SliceLease struct {
 	// duration: a member uses a slice for this long after the start of the read that returned
 	// it, then falls to its reserved slice. Members read every third of it.
@@ -303,6 +305,10 @@ type GlobalSliceStatus struct {
 	// acknowledgedSeq is the newest grant acknowledged to the hub.
 	// +optional
 	AcknowledgedSeq int64 `json:"acknowledgedSeq,omitempty"`
+	// sliceUID is the UID of the ClusterSlice the grant was read from: a GlobalQuota deleted and
+	// created again numbers its grants from 1 in a new ClusterSlice.
+	// +optional
+	SliceUID types.UID `json:"sliceUID,omitempty"`
 }
 
 // Condition of a member's DownstreamQuota: SliceLeased is true while it holds a lease on its

@@ -102,6 +102,17 @@ var _ = Describe("The API of one quota across clusters", func() {
 			}, "clockMargin must be between 0s and 10m"),
 		)
 
+		It("lets the lease grow and never shorten", func(ctx SpecContext) {
+			gq := globalQuota(ns, "partner", 10, apportionv1.GlobalMember{Name: "a"})
+			Expect(k8sClient.Create(ctx, gq)).To(Succeed())
+			gq.Spec.Lease.Duration = &metav1.Duration{Duration: time.Minute}
+			Expect(k8sClient.Update(ctx, gq)).To(Succeed())
+			gq.Spec.Lease.Duration = &metav1.Duration{Duration: 59 * time.Second}
+			err := k8sClient.Update(ctx, gq)
+			Expect(err).To(HaveOccurred())
+			Expect(err.Error()).To(ContainSubstring("lease.duration never shortens"))
+		})
+
 		It("accepts reserved slices that sum to exactly the limit, and refuses raising one above it", func(ctx SpecContext) {
 			gq := globalQuota(ns, "partner", 10, apportionv1.GlobalMember{Name: "a", ReservedSlice: 4}, apportionv1.GlobalMember{Name: "b", ReservedSlice: 6})
 			Expect(k8sClient.Create(ctx, gq)).To(Succeed())

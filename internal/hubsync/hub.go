@@ -110,6 +110,15 @@ func (r *HubReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 		return ctrl.Result{}, err
 	}
+	if gq.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(&gq, Finalizer) {
+		// Once, at creation: a deleted quota goes only when no member may hold anything of it.
+		controllerutil.AddFinalizer(&gq, Finalizer)
+		if err := r.Client.Update(ctx, &gq); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.forget(req.NamespacedName) // its resourceVersion moved: read the allocation back
+		return ctrl.Result{}, nil
+	}
 	q := r.state(req.NamespacedName)
 	if err := r.standOn(ctx, q, &gq); err != nil {
 		return ctrl.Result{}, err
@@ -153,6 +162,23 @@ func (r *HubReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	if err := r.publish(ctx, q, &gq, slices); err != nil {
 		return ctrl.Result{}, err
+	}
+	if !gq.DeletionTimestamp.IsZero() && q.ledger.Sum(r.Clock.Now()) == 0 && controllerutil.ContainsFinalizer(&gq, Finalizer) {
+		// Every member acknowledged 0 (or its grants' bounds passed at a fallback of 0): the
+		// quota and its ClusterSlices may go (deleted here rather than left to the garbage
+		// collector, so that none is left for a quota created again under the name), and one
+		// created again starts from nothing held.
+		for _, cs := range slices {
+			if err := r.Client.Delete(ctx, cs); err != nil && !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
+		}
+		controllerutil.RemoveFinalizer(&gq, Finalizer)
+		if err := r.Client.Update(ctx, &gq); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.forget(req.NamespacedName)
+		return ctrl.Result{}, nil
 	}
 	if next := q.ledger.NextBound(r.Clock.Now()); !next.IsZero() {
 		log.V(1).Info("waiting for a bound", "at", next)
@@ -210,7 +236,7 @@ func (r *HubReconciler) slices(ctx context.Context, gq *apportionv1.GlobalQuota)
 	}
 	lease := leaseOptions(gq).LeaseDuration
 	for _, m := range gq.Spec.Members {
-		if out[m.Name] != nil {
+		if out[m.Name] != nil || !gq.DeletionTimestamp.IsZero() {
 			continue
 		}
 		cs := &apportionv1.ClusterSlice{
@@ -228,6 +254,10 @@ func (r *HubReconciler) slices(ctx context.Context, gq *apportionv1.GlobalQuota)
 	return out, nil
 }
 
+// Finalizer keeps a deleted GlobalQuota (and so its ClusterSlices) until every member was
+// lowered to 0, reserved slice included, and acknowledged it or its bounds passed.
+const Finalizer = "apportion.io/slices-drained"
+
 func policyOf(gq *apportionv1.GlobalQuota) hub.Policy {
 	if gq.Spec.Sharing != nil && gq.Spec.Sharing.Policy == apportionv1.SharingDemandAware {
 		return hub.DemandAware
@@ -240,7 +270,11 @@ func policyOf(gq *apportionv1.GlobalQuota) hub.Policy {
 // of an idle quota.
 func (r *HubReconciler) plan(q *hubQuota, gq *apportionv1.GlobalQuota, slices map[string]*apportionv1.ClusterSlice, now time.Time) ([]hub.Change, bool, error) {
 	shares := make([]hub.Share, 0, len(gq.Spec.Members))
-	for _, m := range gq.Spec.Members {
+	members := gq.Spec.Members
+	if !gq.DeletionTimestamp.IsZero() {
+		members = nil // deleted: every member goes to 0 (Plan lowers a member it is not given)
+	}
+	for _, m := range members {
 		var d int64
 		if cs := slices[m.Name]; cs != nil {
 			d = int64(cs.Status.Demand)
@@ -287,7 +321,7 @@ func (r *HubReconciler) publish(ctx context.Context, q *hubQuota, gq *apportionv
 		q.ledger.Published(a.Cluster, g.Seq, r.Clock.Now())
 	}
 	for c, cs := range slices {
-		if !known[c] && !listed(gq, c) {
+		if !known[c] && !listed(gq, c) && gq.DeletionTimestamp.IsZero() {
 			if err := r.Client.Delete(ctx, cs); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}

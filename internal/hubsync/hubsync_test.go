@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -301,6 +302,25 @@ func TestTwoClusters(t *testing.T) {
 		a, b := limits()
 		g.Expect(a).To(BeNumerically("<", 16))
 		g.Expect(b).To(BeNumerically(">", 2))
+		acknowledged(g)
+	}, 20*time.Second, 20*time.Millisecond).Should(Succeed())
+
+	t.Log("the GlobalQuota is deleted: it goes only once no member holds anything of it")
+	g.Expect(hubEnv.Client.Delete(ctx, gq)).To(Succeed())
+	deleted := time.Now()
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(hubEnv.Client.Get(ctx, client.ObjectKeyFromObject(gq), &apportionv1.GlobalQuota{}))
+	}, 20*time.Second, 10*time.Millisecond).Should(BeTrue())
+	a, b = limits()
+	t.Logf("deleted after %v; a holds %d, b %d", time.Since(deleted).Round(time.Millisecond), a, b)
+	g.Expect(a + b).To(BeZero())
+
+	t.Log("created again under its name, it grants from nothing held")
+	gq.ResourceVersion, gq.UID, gq.Finalizers = "", "", nil
+	g.Expect(hubEnv.Client.Create(ctx, gq)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		a, b := limits()
+		g.Expect(a + b).To(BeNumerically("==", global))
 		acknowledged(g)
 	}, 20*time.Second, 20*time.Millisecond).Should(Succeed())
 

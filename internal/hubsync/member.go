@@ -42,6 +42,7 @@ type Member struct {
 	mu       sync.Mutex // guards lease, which Limit and Grant read from other goroutines
 	lease    *hub.Lease
 	recorded int64
+	sliceUID types.UID // the ClusterSlice the lease's grants come from
 }
 
 func (m *Member) lock()   { m.mu.Lock() }
@@ -86,6 +87,9 @@ func (m *Member) Sync(ctx context.Context) error {
 	if cs.Spec.GlobalQuota != m.Ref.Name || cs.Spec.Cluster != m.Ref.Cluster {
 		return errors.New("hubsync: the ClusterSlice names another quota or cluster")
 	}
+	if err := m.sameSlice(cs.UID); err != nil {
+		return err
+	}
 	if cs.Spec.Seq > 0 {
 		m.lock()
 		_, err := m.lease.Read(hub.Grant{Seq: cs.Spec.Seq, Slice: int64(cs.Spec.Slice), Reserved: int64(cs.Spec.ReservedSlice)}, cs.Spec.LeaseDuration.Duration, start)
@@ -127,6 +131,25 @@ func (m *Member) Sync(ctx context.Context) error {
 	return m.Hub.Status().Update(ctx, &cs) // precondition: the resourceVersion just read
 }
 
+// sameSlice checks that uid is the ClusterSlice the lease's grants come from. A GlobalQuota is
+// deleted only once every member was lowered to a grant whose fallback is 0 and whose lease ended
+// (the hub's finalizer), so a new ClusterSlice — the quota created again, its grants numbered
+// from 1 — is taken only when this member's lease has ended on a fallback of 0: it holds nothing
+// then. Otherwise it is refused, and the lease ends on its own.
+func (m *Member) sameSlice(uid types.UID) error {
+	m.lock()
+	defer m.unlock()
+	if m.sliceUID == "" || m.sliceUID == uid {
+		m.sliceUID = uid
+		return nil
+	}
+	if lim, held := m.lease.Limit(m.Clock.Now()); held || lim > 0 {
+		return errors.New("hubsync: the ClusterSlice was created again while this member may hold a slice of the old one")
+	}
+	m.lease, m.recorded, m.sliceUID = hub.NewLease(nil), 0, uid
+	return nil
+}
+
 // start reads the member's record: it starts on that grant's fallback, with no lease.
 func (m *Member) start(ctx context.Context) error {
 	var dq apportionv1.DownstreamQuota
@@ -136,7 +159,7 @@ func (m *Member) start(ctx context.Context) error {
 	var rec *hub.Grant
 	if g := dq.Status.Global; g != nil && g.Seq > 0 {
 		rec = &hub.Grant{Seq: g.Seq, Slice: int64(g.Slice), Reserved: int64(g.ReservedSlice)}
-		m.recorded = g.Seq
+		m.recorded, m.sliceUID = g.Seq, g.SliceUID
 	}
 	m.lock()
 	m.lease = hub.NewLease(rec)
@@ -153,9 +176,10 @@ func (m *Member) record(ctx context.Context, g hub.Grant) error {
 	base := dq.DeepCopy()
 	m.lock()
 	until := metav1.NewTime(m.lease.Until())
+	uid := m.sliceUID
 	m.unlock()
 	prev := dq.Status.Global
-	dq.Status.Global = &apportionv1.GlobalSliceStatus{Seq: g.Seq, Slice: int32(g.Slice), ReservedSlice: int32(g.Reserved), LeaseUntil: &until}
+	dq.Status.Global = &apportionv1.GlobalSliceStatus{Seq: g.Seq, Slice: int32(g.Slice), ReservedSlice: int32(g.Reserved), LeaseUntil: &until, SliceUID: uid}
 	if prev != nil {
 		dq.Status.Global.AcknowledgedSeq = prev.AcknowledgedSeq
 	}
