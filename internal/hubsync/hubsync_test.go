@@ -293,11 +293,16 @@ func TestTwoClusters(t *testing.T) {
 	cutB.Store(false)
 	g.Eventually(acknowledged, 10*time.Second, 20*time.Millisecond).Should(Succeed())
 
-	t.Log("the hub's manager restarts: the new one starts from the allocation")
-	stopHub()
+	t.Log("a second hub manager starts beside the first (a leader change), demand moves, the first stops")
+	stopSecond := startHub(t, hubEnv)
 	demandA.Store(10)
 	demandB.Store(10)
-	stopHub = startHub(t, hubEnv)
+	time.Sleep(2 * lease)
+	demandA.Store(14)
+	time.Sleep(2 * lease)
+	stopHub()
+	stopHub = stopSecond
+	demandA.Store(10)
 	g.Eventually(func(g Gomega) {
 		a, b := limits()
 		g.Expect(a).To(BeNumerically("<", 16))
