@@ -1,8 +1,12 @@
 package hubsync
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,7 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -145,10 +151,12 @@ func TestTwoClusters(t *testing.T) {
 	stopHub := startHub(t, hubEnv)
 	defer func() { stopHub() }()
 
-	// The members: a in the hub cluster, b in its own; b reaches the hub through a transport
-	// the test can cut.
+	// The members: a in the hub cluster, b in its own. b reaches the hub as the ServiceAccount
+	// of config/samples/hub_member_rbac.yaml (for cluster b), through a transport the test can cut.
+	applySample(t, hubEnv, "eu-1", "b")
 	var cutB atomic.Bool
 	bHubCfg := rest.CopyConfig(hubEnv.Config)
+	bHubCfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:partners:apportion-member-b"}
 	bHubCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return cutTransport{rt: rt, cut: &cutB} }
 	bHub, err := client.New(bHubCfg, client.Options{Scheme: hubEnv.Scheme})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -230,6 +238,18 @@ func TestTwoClusters(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond).Should(Succeed())
 	a, b := limits()
 	t.Logf("first slices usable after %v: a %d, b %d", time.Since(start).Round(time.Millisecond), a, b)
+
+	t.Log("b may read its ClusterSlice and write its status on the hub, nothing else")
+	var own, other apportionv1.ClusterSlice
+	g.Expect(bHub.Get(ctx, types.NamespacedName{Namespace: "partners", Name: SliceName("partner", "b")}, &own)).To(Succeed())
+	for name, err := range map[string]error{
+		"read a's slice":     bHub.Get(ctx, types.NamespacedName{Namespace: "partners", Name: SliceName("partner", "a")}, &other),
+		"list the slices":    bHub.List(ctx, &apportionv1.ClusterSliceList{}, client.InNamespace("partners")),
+		"read the quota":     bHub.Get(ctx, client.ObjectKeyFromObject(gq), &apportionv1.GlobalQuota{}),
+		"write its own spec": bHub.Update(ctx, own.DeepCopy()),
+	} {
+		g.Expect(apierrors.IsForbidden(err)).To(BeTrue(), "b could %s: %v", name, err)
+	}
 
 	t.Log("idle: the members renew by reading; nothing is written on either cluster")
 	rvs := func() []string {
@@ -334,6 +354,32 @@ func TestTwoClusters(t *testing.T) {
 	t.Logf("monitor: %d samples, Σ use at most %d of %d, %.0f %% on average, %d violations",
 		samples.Load(), worst.Load(), global, 100*float64(usedSum.Load())/float64(samples.Load()*global), violations.Load())
 	g.Expect(violations.Load()).To(BeZero())
+}
+
+// applySample creates config/samples/hub_member_rbac.yaml on env, for member cluster (the
+// sample's is from).
+func applySample(t *testing.T, env *testenv.Env, from, cluster string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "samples", "hub_member_rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(bytes.ReplaceAll(raw, []byte(from), []byte(cluster))), 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			t.Fatal(err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if err := env.Client.Create(t.Context(), &u); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
