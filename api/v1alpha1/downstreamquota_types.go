@@ -171,6 +171,7 @@ type AgentPolicy struct {
 }
 
 // DownstreamQuotaSpec is one downstream's global contract and the workloads that share it.
+// +kubebuilder:validation:XValidation:rule="has(self.global) == has(oldSelf.global) && (!has(self.global) || self.global == oldSelf.global)",message="global is set at creation and never changed"
 type DownstreamQuotaSpec struct {
 	// maxInFlight is the global number of concurrent calls the downstream accepts.
 	// +kubebuilder:validation:Minimum=1
@@ -215,6 +216,12 @@ type DownstreamQuotaSpec struct {
 	// +listMapKey=name
 	// +optional
 	Lanes []Lane `json:"lanes,omitempty"`
+	// global makes this quota a member's part of a GlobalQuota on a hub cluster (global_types.go):
+	// its local limit is the slice the hub grants it, at most maxInFlight. Set at creation only.
+	// Not acted on yet (docs/protocol.md §16, "Not yet built"): the quota is apportioned on
+	// maxInFlight as if global were not set.
+	// +optional
+	Global *GlobalRef `json:"global,omitempty"`
 }
 
 // HPAStatus is what the HPA that scales a target reports.
@@ -374,6 +381,9 @@ type DownstreamQuotaStatus struct {
 	// lanes, in spec order then default, summed over pods (sharing_types.go).
 	// +optional
 	Lanes []LaneStatus `json:"lanes,omitempty"`
+	// global is the slice held of the GlobalQuota spec.global names (global_types.go).
+	// +optional
+	Global *GlobalSliceStatus `json:"global,omitempty"`
 }
 
 // DownstreamQuota is one downstream's global contract (max in-flight, optional rate), the
@@ -387,6 +397,8 @@ type DownstreamQuotaStatus struct {
 // +kubebuilder:printcolumn:name="PER-POD",type=string,JSONPath=`.status.perPod`,description="Permits per pod, per target (low-high when the remainder gives some pods one more)"
 // +kubebuilder:printcolumn:name="ASSIGNED",type=integer,JSONPath=`.status.assigned`,description="Permits assigned across all pods"
 // +kubebuilder:printcolumn:name="READY",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Apportioned and pushed"
+// +kubebuilder:printcolumn:name="SLICE",type=integer,JSONPath=`.status.global.slice`,description="The slice of a GlobalQuota this member holds (spec.global)",priority=1
+// +kubebuilder:printcolumn:name="LEASE-UNTIL",type=string,JSONPath=`.status.global.leaseUntil`,description="Until when the slice is leased (as last written; a date in the future)",priority=1
 // +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`,description="Time since creation"
 type DownstreamQuota struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -27,6 +27,8 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&DownstreamQuota{}, &DownstreamQuotaList{},
 		&DegradeRule{}, &DegradeRuleList{},
+		&GlobalQuota{}, &GlobalQuotaList{},
+		&ClusterSlice{}, &ClusterSliceList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -36,3 +36,14 @@ func TestNoTrustConfigMapFlag(t *testing.T) {
 		t.Errorf("--trust-configmap=keys: %v; want it refused as an unknown flag", err)
 	}
 }
+
+// --hub adds the hub role; without it the manager runs as before.
+func TestHubFlag(t *testing.T) {
+	o, _, err := parseFlags([]string{"--agent-image=a"})
+	if err != nil || o.hub {
+		t.Fatalf("default: hub %v, %v; want off", o.hub, err)
+	}
+	if o, _, err := parseFlags([]string{"--agent-image=a", "--hub"}); err != nil || !o.hub {
+		t.Errorf("--hub: %v, %v", o.hub, err)
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/controller"
 	"github.com/apportion/apportion/internal/h1"
+	"github.com/apportion/apportion/internal/hubsync"
 	"github.com/apportion/apportion/internal/inject"
 	"github.com/apportion/apportion/internal/keys"
 	"github.com/apportion/apportion/internal/push"
@@ -63,6 +64,7 @@ type options struct {
 	keyRotation      time.Duration
 	keyOverlap       time.Duration
 	version          bool
+	hub              bool
 	webhook          webhookOptions
 	sharing          sharingOptions // sharing.go
 	memory           memoryOptions  // memlimit.go
@@ -92,6 +94,8 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	fs.DurationVar(&o.keyRotation, "key-rotation-interval", 7*24*time.Hour, "how often a new signing key is made; 0 never")
 	fs.DurationVar(&o.keyOverlap, "key-overlap", keys.DefaultKeyOverlap, "how long a new key is published before it signs, and the old one stays published after")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.BoolVar(&o.hub, "hub", false,
+		"also run the hub role: keep every GlobalQuota's allocation and publish its member clusters' slices (docs/protocol.md §16)")
 	o.webhook.bind(fs)
 	o.sharing.bind(fs)
 	o.memory.bind(fs)
@@ -317,6 +321,13 @@ func run(args []string) error {
 		Changes:    ruleChanges,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("DegradeRule controller: %w", err)
+	}
+	if o.hub {
+		if err := (&hubsync.HubReconciler{
+			Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Clock: clock.RealClock{}, Damping: o.sharing.damping,
+		}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("GlobalQuota controller: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
