@@ -22,6 +22,9 @@
 //     the annotations in ResourceAnnotations; a hardened securityContext;
 //   - the trust material the agent verifies the manager's pushes with (TrustMaterial: one
 //     function, so a change of trust model touches one place);
+//   - for a quota whose spec.upstreamTLS names a CA bundle or a client certificate, the
+//     ConfigMap and Secret as a read-only projected volume of the agent (AddUpstreamTLS, tls.go;
+//     the webhook calls it after Mutate);
 //   - into every app container, per quota, APPORTION_<QUOTA_NAME_UPPER_SNAKE>_URL =
 //     http://127.0.0.1:15001/<quota>, unless the container already sets that variable.
 //
