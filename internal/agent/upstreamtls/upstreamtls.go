@@ -7,8 +7,9 @@
 // What is guaranteed:
 //
 //   - Verification is always on: the server's chain is verified against the CA bundle (the
-//     system roots when none is given) and its name against ServerName, at the time of the
-//     Upstream's clock, on every handshake, resumed ones included. The one exception is
+//     system roots when none is given) and its name against ServerName, at the wall clock's
+//     time (certificates are dated in real time, whatever clock paces the rest), on every
+//     handshake, resumed ones included. The one exception is
 //     Settings.InsecureSkipVerify, the API's loudly named opt-out.
 //   - TLS 1.2 at least (MinVersion may raise it to 1.3); library TLS only (crypto/tls,
 //     crypto/x509).
@@ -23,7 +24,10 @@
 //     leaves the good one in force (the next change is tried again); material that never
 //     loaded fails every handshake with a *ConfigError, before anything is sent.
 //   - Session resumption: the Config holds a client session cache (one per Upstream: a
-//     ticket is never offered to a server of another downstream's settings).
+//     ticket is never offered to a server of another downstream's settings). New material
+//     drops the cached session, and so does a resumed session that fails verification: a
+//     resumed session carries the chain verified when it began, and the client certificate
+//     the server saw then.
 //
 // Classify tells what failed in a connection's TLS (unknown CA, wrong name, expired, client
 // certificate refused, handshake timeout, ...), for the agent's answers and metrics.
@@ -90,7 +94,7 @@ func (s Settings) Validate() error {
 
 // Options tune an Upstream; the zero value is the agent's.
 type Options struct {
-	// Clock dates verification and the reload checks; nil: the real clock.
+	// Clock paces the reload checks (verification is on the wall clock); nil: the real clock.
 	Clock clock.PassiveClock
 	// ReloadEvery is how often, at most, the files are checked for a change (when a connection
 	// is made); 0: DefaultReloadEvery.
@@ -192,7 +196,6 @@ func New(s Settings, o Options) (*Upstream, error) {
 		VerifyConnection:     u.verify,
 		GetClientCertificate: u.clientCert,
 		ClientSessionCache:   tls.NewLRUClientSessionCache(size),
-		Time:                 u.clock.Now,
 	}
 	u.mat.Store(load(s, nil))
 	u.next.Store(u.clock.Now().Add(u.every).UnixNano())
@@ -233,6 +236,10 @@ func (u *Upstream) current() *material {
 	case n.err == nil:
 		u.mat.Store(n)
 		u.reload.Add(1)
+		// A session resumed after a rotation would carry the old server chain (refused now,
+		// again and again: the failed handshake does not drop the ticket) and, to the server,
+		// the old client certificate: new material starts new sessions.
+		u.forgetSession()
 		return n
 	case m.err != nil:
 		u.mat.Store(n) // still nothing good: the newest error says what is wrong now
@@ -292,17 +299,23 @@ func (u *Upstream) verify(cs tls.ConnectionState) error {
 	opts := x509.VerifyOptions{
 		Roots:         m.roots,
 		DNSName:       u.s.ServerName,
-		CurrentTime:   u.clock.Now(),
 		Intermediates: x509.NewCertPool(),
 	}
 	for _, c := range cs.PeerCertificates[1:] {
 		opts.Intermediates.AddCert(c)
 	}
 	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		if cs.DidResume {
+			u.forgetSession() // the next connection makes a full handshake
+		}
 		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
 	}
 	return nil
 }
+
+// forgetSession drops the cached session: crypto/tls keys its client session cache by the
+// server name (Config.ServerName is always set here), and a nil session deletes the entry.
+func (u *Upstream) forgetSession() { u.cfg.ClientSessionCache.Put(u.s.ServerName, nil) }
 
 // clientCert is the Config's GetClientCertificate: the certificate in force, or none (the
 // server then decides whether it needs one).
