@@ -68,3 +68,40 @@ func TestAddUpstreamTLS(t *testing.T) {
 		t.Fatal("mounted into a pod without an agent")
 	}
 }
+
+func TestAgentGOMAXPROCS(t *testing.T) {
+	env := func(p *corev1.Pod) string {
+		for _, e := range p.Spec.InitContainers[0].Env {
+			if e.Name == "GOMAXPROCS" {
+				return e.Value
+			}
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		want        string
+	}{
+		{"no limit: one processor", nil, "1"},
+		{"from the CPU limit, rounded up", map[string]string{CPULimitAnnotation: "1500m"}, "2"},
+		{"a small limit is one", map[string]string{CPULimitAnnotation: "200m"}, "1"},
+		{"the annotation wins", map[string]string{CPULimitAnnotation: "4", GOMAXPROCSAnnotation: "2"}, "2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := makePod("gateway-1").Obj()
+			p.Annotations = tc.annotations
+			mustMutate(t, p, "partner")
+			if got := env(p); got != tc.want {
+				t.Fatalf("GOMAXPROCS = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{"0", "two", "-1", "257"} {
+		p := makePod("gateway-1").Obj()
+		p.Annotations = map[string]string{GOMAXPROCSAnnotation: bad}
+		if _, err := Mutate(p, []string{"partner"}, testConfig()); err == nil || !strings.Contains(err.Error(), GOMAXPROCSAnnotation) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
