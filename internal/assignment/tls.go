@@ -43,7 +43,7 @@ func (v *validator) upstreamTLS(p string, t *UpstreamTLS, upstream string) {
 	if !strings.HasPrefix(strings.ToLower(upstream), "https://") {
 		v.add(p, "applies to an https upstream only")
 	}
-	if t.ServerName != "" && (len(t.ServerName) > MaxServerNameLength || !(isDNSName(t.ServerName) || net.ParseIP(t.ServerName) != nil)) {
+	if t.ServerName != "" && (len(t.ServerName) > MaxServerNameLength || (!isDNSName(t.ServerName) && net.ParseIP(t.ServerName) == nil)) {
 		v.add(p+".serverName", "must be a lower-case DNS name or an IP address of at most 253 characters")
 	}
 	for _, f := range []struct{ name, value string }{{"caFile", t.CAFile}, {"certFile", t.CertFile}, {"keyFile", t.KeyFile}} {
