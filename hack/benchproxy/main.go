@@ -153,7 +153,7 @@ func run() error {
 			continue
 		}
 		if p == "all" {
-			p = strconv.Itoa(runtime.NumCPU())
+			p = strconv.Itoa(onlineCPUs())
 		}
 		targets = append(targets, agentTarget("agent-gmp"+p, o.agent, ups, false, dir, p))
 	}
@@ -162,7 +162,7 @@ func run() error {
 		targets = slices.DeleteFunc(targets, func(t target) bool { return t.name != "direct" && !slices.Contains(keep, t.name) })
 	}
 	fmt.Printf("benchproxy: %d rounds; open loop %d calls/s for %v, closed loop %d connections for %v; proxies on CPU %s, upstream and load on CPU %s; %d CPUs, load average %s\n",
-		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU, runtime.NumCPU(), loadAvg())
+		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU, onlineCPUs(), loadAvg())
 	res := map[string][]result{}
 	for r := range o.rounds {
 		order := slices.Clone(targets[1:])
@@ -209,7 +209,7 @@ func agentTarget(name, bin string, ups upstream, withTLS bool, dir, procs string
 		}
 		addr := freeAddr()
 		if procs != "" {
-			cpu = "0-" + strconv.Itoa(runtime.NumCPU()-1)
+			cpu = "0-" + strconv.Itoa(onlineCPUs()-1)
 		}
 		// The agent runs on one processor unless GOMAXPROCS is set: as shipped.
 		cmd := exec.Command("taskset", "-c", cpu, bin, "--insecure-no-auth", "--bootstrap", boot,
@@ -458,6 +458,26 @@ func cpuTime(pid int) time.Duration {
 		}
 	}
 	return sum
+}
+
+// onlineCPUs is the machine's CPU count, not this process's (it runs under taskset, which
+// runtime.NumCPU reflects): the CPUs of /sys/devices/system/cpu/online ("0-1", "0,2-3").
+func onlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, ok := strings.Cut(r, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if ok {
+			z, _ = strconv.Atoi(hi)
+		}
+		n += z - a + 1
+	}
+	return max(n, 1)
 }
 
 func loadAvg() string {
