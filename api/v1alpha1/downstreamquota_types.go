@@ -172,6 +172,7 @@ type AgentPolicy struct {
 
 // DownstreamQuotaSpec is one downstream's global contract and the workloads that share it.
 // +kubebuilder:validation:XValidation:rule="has(self.global) == has(oldSelf.global) && (!has(self.global) || self.global == oldSelf.global)",message="global is set at creation and never changed"
+// +kubebuilder:validation:XValidation:rule="!has(self.upstreamTLS) || (isURL(self.upstream) && url(self.upstream).getScheme() == 'https')",message="upstreamTLS applies to an https upstream only",fieldPath=".upstreamTLS"
 type DownstreamQuotaSpec struct {
 	// maxInFlight is the global number of concurrent calls the downstream accepts.
 	// +kubebuilder:validation:Minimum=1
@@ -201,6 +202,10 @@ type DownstreamQuotaSpec struct {
 	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHost() != ''",message="upstream must be an absolute http or https URL"
 	// +required
 	Upstream string `json:"upstream"`
+	// upstreamTLS says how agents verify an https upstream and authenticate to it
+	// (upstreamtls_types.go); the system roots and the URL's host when absent.
+	// +optional
+	UpstreamTLS *UpstreamTLS `json:"upstreamTLS,omitempty"`
 	// agent says how agents enforce the quota.
 	// +kubebuilder:default={}
 	// +optional

@@ -223,9 +223,9 @@ func runGRPC(o options, self, dir string) error {
 		return err
 	}
 	defer func() { _ = up.Process.Kill(); _ = up.Wait() }()
-	targets := []target{{name: "direct"}, agentTarget("agent", o.agent, upAddr, dir)}
+	targets := []target{{name: "direct"}, agentTarget("agent", o.agent, upstream{addr: upAddr}, false, dir, "")}
 	if o.agentBefore != "" {
-		targets = append(targets, agentTarget("agent-before", o.agentBefore, upAddr, dir))
+		targets = append(targets, agentTarget("agent-before", o.agentBefore, upstream{addr: upAddr}, false, dir, ""))
 	}
 	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir))
 	targets = onlyTargets(targets, o.only)

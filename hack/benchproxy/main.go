@@ -19,11 +19,23 @@
 // (proto h2) and nginx (grpc_pass): added p50 and p99, CPU per 1,000 calls/s, and the agent's
 // target of at most 150 µs added at p50.
 //
+// https origination (-tls, on by default): the same upstream process also serves TLS (a CA and
+// an ECDSA P-256 certificate for bench.test made here with crypto/x509), and each proxy is
+// measured a second time forwarding to it, verifying the chain against the CA and the name
+// (agent-tls: the agent's upstreamTLS caBundle and serverName; haproxy-tls: `ssl verify
+// required ca-file … verifyhost`; nginx-tls: `proxy_ssl_verify on`), keeping connections
+// alive and resuming sessions as each does by default. The load generator still calls the
+// proxies in plain HTTP (the app's side is loopback); "added" is over the direct plain calls,
+// so it includes the upstream's share of TLS.
+//
+// -agent-procs 2,all adds the agent with GOMAXPROCS=2 and with GOMAXPROCS = every CPU, plain
+// HTTP, allowed every CPU (taskset) rather than the proxies' one.
+//
 // Usage (needs haproxy and nginx on PATH: hack/install-proxies.sh):
 //
 //	benchproxy -agent bin/agent [-agent-before /tmp/agent-old] [-rounds 3] [-rate 2000]
 //	           [-open 4s] [-closed 4s] [-conns 64] [-proxy-cpu 1] [-load-cpu 0] [-only agent,haproxy]
-//	           [-protocols http,grpc] [-grpc-rate 1000]
+//	           [-protocols http,grpc] [-grpc-rate 1000] [-tls=false] [-agent-procs 2,all]
 //
 // It prints figures; it never fails on them.
 package main
@@ -31,6 +43,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,12 +60,14 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/apportion/apportion/internal/testing/tlstest"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "upstream" {
 		runtime.GOMAXPROCS(1)
-		fmt.Fprintln(os.Stderr, serveUpstream(os.Args[2])) // it returns only when it fails
+		fmt.Fprintln(os.Stderr, serveUpstream(os.Args[2:])) // it returns only when it fails
 		os.Exit(1)
 	}
 	if len(os.Args) > 1 && os.Args[1] == "grpc-upstream" {
@@ -75,7 +90,18 @@ type options struct {
 	only               string
 	protocols          string
 	grpcRate           int
+	tls                bool
+	agentProcs         string
 }
+
+// upstream is where the proxies forward: plain, and with TLS (tlsAddr "" without -tls).
+type upstream struct {
+	addr, tlsAddr string
+	caFile        string // the CA the TLS upstream's certificate chains to
+}
+
+// tlsName is the TLS upstream's name (its certificate's, verified by every proxy).
+const tlsName = "bench.test"
 
 func run() error {
 	var o options
@@ -88,9 +114,11 @@ func run() error {
 	flag.IntVar(&o.conns, "conns", 64, "closed-loop connections")
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
-	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx)")
+	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN)")
 	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
 	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
+	flag.BoolVar(&o.tls, "tls", true, "also measure https origination (agent-tls, haproxy-tls, nginx-tls)")
+	flag.StringVar(&o.agentProcs, "agent-procs", "", "also measure the agent with these GOMAXPROCS on every CPU, plain HTTP (comma-separated numbers or all)")
 	flag.Parse()
 	protocols := strings.Split(o.protocols, ",")
 
@@ -103,7 +131,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("benchproxy: %d CPUs, load average %s\n", runtime.NumCPU(), loadAvg())
+	fmt.Printf("benchproxy: %d CPUs, load average %s\n", onlineCPUs(), loadAvg())
 	if slices.Contains(protocols, "http") {
 		if err := runHTTP(o, self, dir); err != nil {
 			return err
@@ -127,7 +155,18 @@ func onlyTargets(targets []target, only string) []target {
 // runHTTP measures the HTTP/1.1 targets in rounds and reports them.
 func runHTTP(o options, self, dir string) error {
 	upAddr := freeAddr()
-	up := exec.Command("taskset", "-c", o.loadCPU, self, "upstream", upAddr)
+	ups := upstream{addr: upAddr}
+	args := []string{"-c", o.loadCPU, self, "upstream", upAddr}
+	if o.tls {
+		ups.tlsAddr = freeAddr()
+		crt, key, ca, err := makeCerts(dir)
+		if err != nil {
+			return err
+		}
+		ups.caFile = ca
+		args = append(args, ups.tlsAddr, crt, key)
+	}
+	up := exec.Command("taskset", args...)
 	up.Stderr = os.Stderr
 	up.SysProcAttr = orphanKill()
 	if err := up.Start(); err != nil {
@@ -138,11 +177,24 @@ func runHTTP(o options, self, dir string) error {
 		return fmt.Errorf("upstream: %w", err)
 	}
 
-	targets := []target{{name: "direct"}, agentTarget("agent", o.agent, upAddr, dir)}
+	targets := []target{{name: "direct"}, agentTarget("agent", o.agent, ups, false, dir, "")}
 	if o.agentBefore != "" {
-		targets = append(targets, agentTarget("agent-before", o.agentBefore, upAddr, dir))
+		targets = append(targets, agentTarget("agent-before", o.agentBefore, ups, false, dir, ""))
 	}
-	targets = append(targets, haproxyTarget(upAddr, dir), nginxTarget(upAddr, dir))
+	targets = append(targets, haproxyTarget(ups, false, dir), nginxTarget(ups, false, dir))
+	if o.tls {
+		targets = append(targets, agentTarget("agent-tls", o.agent, ups, true, dir, ""),
+			haproxyTarget(ups, true, dir), nginxTarget(ups, true, dir))
+	}
+	for _, p := range strings.Split(o.agentProcs, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if p == "all" {
+			p = strconv.Itoa(onlineCPUs())
+		}
+		targets = append(targets, agentTarget("agent-gmp"+p, o.agent, ups, false, dir, p))
+	}
 	targets = onlyTargets(targets, o.only)
 	fmt.Printf("HTTP/1.1: %d rounds; open loop %d calls/s for %v, closed loop %d connections for %v; proxies on CPU %s, upstream and load on CPU %s\n",
 		o.rounds, o.rate, o.open, o.conns, o.closed, o.proxyCPU, o.loadCPU)
@@ -160,6 +212,9 @@ func runHTTP(o options, self, dir string) error {
 			res[t.name] = append(res[t.name], m)
 			fmt.Printf("round %d %-13s p50 %7.1f µs  p99 %7.1f µs  cpu %.4f vCPU/1000 calls/s  closed loop %8.0f calls/s  (errors %d)\n",
 				r+1, t.name, m.p50, m.p99, m.cpuPer1000, m.closedRate, m.errors)
+			if e := firstErr.Swap(nil); e != nil && m.errors > 0 {
+				fmt.Printf("        first error: %v\n", *e)
+			}
 		}
 	}
 	report(res, targets)
@@ -172,26 +227,45 @@ type target struct {
 	start func(proxyCPU string) (addr string, cmd *exec.Cmd, err error)
 }
 
-func agentTarget(name, bin, upAddr, dir string) target {
+// agentTarget is an agent forwarding to ups (its TLS side when withTLS); procs, when set, is its
+// GOMAXPROCS, and it then runs on every CPU.
+func agentTarget(name, bin string, ups upstream, withTLS bool, dir, procs string) target {
 	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		boot := filepath.Join(dir, name+".json")
-		b := `{"downstreams":[{"name":"bench","upstream":"http://` + upAddr + `","permits":4096,"safeDefaultPermits":4096,` +
-			`"acquireTimeout":"1s","requestTimeout":"10s","fallback":{"action":"Reject"}}]}`
+		url, tlsJSON := "http://"+ups.addr, ""
+		if withTLS {
+			url = "https://" + ups.tlsAddr
+			tlsJSON = `,"tls":{"serverName":"` + tlsName + `","caFile":"` + ups.caFile + `","minVersion":"1.2"}`
+		}
+		b := `{"downstreams":[{"name":"bench","upstream":"` + url + `","permits":4096,"safeDefaultPermits":4096,` +
+			`"acquireTimeout":"1s","requestTimeout":"10s","fallback":{"action":"Reject"}` + tlsJSON + `}]}`
 		if err := os.WriteFile(boot, []byte(b), 0o600); err != nil {
 			return "", nil, err
 		}
 		addr := freeAddr()
+		if procs != "" {
+			cpu = "0-" + strconv.Itoa(onlineCPUs()-1)
+		}
 		// The agent runs on one processor unless GOMAXPROCS is set: as shipped.
 		cmd := exec.Command("taskset", "-c", cpu, bin, "--insecure-no-auth", "--bootstrap", boot,
 			"--listen", addr, "--control-listen", freeAddr(), "--log-level", "error")
+		if procs != "" {
+			cmd.Env = append(os.Environ(), "GOMAXPROCS="+procs)
+		}
 		return addr, cmd, nil
 	}}
 }
 
-func haproxyTarget(upAddr, dir string) target {
-	return target{name: "haproxy", start: func(cpu string) (string, *exec.Cmd, error) {
+func haproxyTarget(ups upstream, withTLS bool, dir string) target {
+	name, server := "haproxy", ups.addr
+	if withTLS {
+		// Verified as the agent verifies: the chain against the CA, the name; SNI sent.
+		name = "haproxy-tls"
+		server = ups.tlsAddr + " ssl verify required ca-file " + ups.caFile + " verifyhost " + tlsName + " sni str(" + tlsName + ")"
+	}
+	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
-		cfg := filepath.Join(dir, "haproxy.cfg")
+		cfg := filepath.Join(dir, name+".cfg")
 		c := `global
   nbthread 1
   maxconn 8000
@@ -206,7 +280,7 @@ frontend fe
   bind ` + addr + `
   default_backend be
 backend be
-  server up ` + upAddr + `
+  server up ` + server + `
 `
 		if err := os.WriteFile(cfg, []byte(c), 0o600); err != nil {
 			return "", nil, err
@@ -215,10 +289,21 @@ backend be
 	}}
 }
 
-func nginxTarget(upAddr, dir string) target {
-	return target{name: "nginx", start: func(cpu string) (string, *exec.Cmd, error) {
+func nginxTarget(ups upstream, withTLS bool, dir string) target {
+	name, upAddr, scheme, ssl := "nginx", ups.addr, "http", ""
+	if withTLS {
+		name, upAddr, scheme = "nginx-tls", ups.tlsAddr, "https"
+		ssl = `
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate ` + ups.caFile + `;
+      proxy_ssl_name ` + tlsName + `;
+      proxy_ssl_server_name on;
+      proxy_ssl_session_reuse on;
+      proxy_ssl_protocols TLSv1.2 TLSv1.3;`
+	}
+	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
-		prefix := filepath.Join(dir, "nginx")
+		prefix := filepath.Join(dir, name)
 		if err := os.MkdirAll(filepath.Join(prefix, "tmp"), 0o700); err != nil {
 			return "", nil, err
 		}
@@ -238,9 +323,9 @@ http {
   server {
     listen ` + addr + `;
     location / {
-      proxy_pass http://up;
+      proxy_pass ` + scheme + `://up;
       proxy_http_version 1.1;
-      proxy_set_header Connection "";
+      proxy_set_header Connection "";` + ssl + `
     }
   }
 }
@@ -367,12 +452,25 @@ func report(res map[string][]result, targets []target) {
 		span(field(direct, func(r result) float64 { return r.p99 }), "%.0f"),
 		span(field(direct, func(r result) float64 { return r.closedRate }), "%.0f"))
 	fmt.Println()
+	vs := [][2]string{}
 	for _, agent := range []string{"agent", "agent-before"} {
+		for _, other := range []string{"agent-before", "haproxy", "nginx"} {
+			vs = append(vs, [2]string{agent, other})
+		}
+	}
+	vs = append(vs, [2]string{"agent-tls", "haproxy-tls"}, [2]string{"agent-tls", "nginx-tls"}, [2]string{"agent-tls", "agent"})
+	for _, t := range targets {
+		if strings.HasPrefix(t.name, "agent-gmp") {
+			vs = append(vs, [2]string{t.name, "agent"})
+		}
+	}
+	for _, pair := range vs {
+		agent := pair[0]
 		a, ok := sums[agent]
 		if !ok {
 			continue
 		}
-		for _, other := range []string{"agent-before", "haproxy", "nginx"} {
+		for _, other := range pair[1:] {
 			b, ok := sums[other]
 			if !ok || other == agent {
 				continue
@@ -427,6 +525,26 @@ func cpuTime(pid int) time.Duration {
 		}
 	}
 	return sum
+}
+
+// onlineCPUs is the machine's CPU count, not this process's (it runs under taskset, which
+// runtime.NumCPU reflects): the CPUs of /sys/devices/system/cpu/online ("0-1", "0,2-3").
+func onlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, ok := strings.Cut(r, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if ok {
+			z, _ = strconv.Atoi(hi)
+		}
+		n += z - a + 1
+	}
+	return max(n, 1)
 }
 
 func loadAvg() string {
@@ -515,6 +633,7 @@ func (cl *client) call() (time.Duration, error) {
 	start := time.Now()
 	if err := roundTrip(c); err != nil {
 		_ = c.c.Close()
+		firstErr.CompareAndSwap(nil, &err)
 		return 0, err
 	}
 	d := time.Since(start)
@@ -525,6 +644,10 @@ func (cl *client) call() (time.Duration, error) {
 }
 
 var errStatus = errors.New("answer is not 200")
+
+// firstErr is the first failed call's error since measure last took it, printed with the
+// round's line.
+var firstErr atomic.Pointer[error]
 
 func roundTrip(c *conn) error {
 	_ = c.c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -613,13 +736,49 @@ func closedLoop(addr string, conns int, dur time.Duration) (int64, int64) {
 	return done.Load(), errs.Load()
 }
 
-// serveUpstream answers every request on addr at once with 200 "ok" (requests without a body);
-// it returns only when it cannot listen or accept.
-func serveUpstream(addr string) error {
-	ln, err := net.Listen("tcp", addr)
+// makeCerts writes a CA and a certificate of it for tlsName into dir: the TLS upstream's
+// certificate and key, and the CA the proxies verify it with.
+func makeCerts(dir string) (crt, key, ca string, err error) {
+	c, err := tlstest.NewCA("benchproxy CA")
+	if err != nil {
+		return "", "", "", err
+	}
+	leaf, err := c.Issue(tlstest.LeafOptions{Names: []string{tlsName}})
+	if err != nil {
+		return "", "", "", err
+	}
+	crt, key, ca = filepath.Join(dir, "upstream.crt"), filepath.Join(dir, "upstream.key"), filepath.Join(dir, "ca.crt")
+	for f, b := range map[string][]byte{crt: leaf.CertPEM, key: leaf.KeyPEM, ca: c.PEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			return "", "", "", err
+		}
+	}
+	return crt, key, ca, nil
+}
+
+// serveUpstream answers every request at once with 200 "ok" (requests without a body), on
+// args[0] in plain HTTP and, when args has a TLS address, certificate and key, on args[1] over
+// TLS; it returns only when it cannot listen or accept.
+func serveUpstream(args []string) error {
+	ln, err := net.Listen("tcp", args[0])
 	if err != nil {
 		return err
 	}
+	if len(args) == 4 {
+		cert, err := tls.LoadX509KeyPair(args[2], args[3])
+		if err != nil {
+			return err
+		}
+		tln, err := tls.Listen("tcp", args[1], &tls.Config{Certificates: []tls.Certificate{cert}})
+		if err != nil {
+			return err
+		}
+		go func() { fmt.Fprintln(os.Stderr, serveOn(tln)); os.Exit(1) }()
+	}
+	return serveOn(ln)
+}
+
+func serveOn(ln net.Listener) error {
 	const answer = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 	for {
 		c, err := ln.Accept()

@@ -86,6 +86,10 @@ type Downstream struct {
 	AbandonedHold *Duration `json:"abandonedHold,omitempty"`
 	// Lanes are the downstream's priority lanes (lanes.go); none: one FIFO for every call.
 	Lanes []Lane `json:"lanes,omitempty"`
+	// TLS is how the agent verifies an https upstream and authenticates to it (tls.go); nil:
+	// the system roots, the URL's host as the server name, TLS 1.2 at least. Only with an https
+	// Upstream.
+	TLS *UpstreamTLS `json:"tls,omitempty"`
 }
 
 // Ramp shapes as they travel.

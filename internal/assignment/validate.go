@@ -273,6 +273,9 @@ func (v *validator) downstream(p string, d *Downstream) {
 		v.durRange(p+".abandonedHold", d.AbandonedHold.D(), 0, MaxAbandonedHold)
 	}
 	v.lanes(p+".lanes", d.Lanes)
+	if d.TLS != nil {
+		v.upstreamTLS(p+".tls", d.TLS, d.Upstream)
+	}
 }
 
 func (v *validator) upstream(p, s string) {

@@ -59,6 +59,7 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 	d.Recovery = recoveryFor(p.Recovery)
 	d.MaxWaiting = p.MaxWaiting
 	d.DeadlineHeader = p.DeadlineHeader
+	d.TLS = upstreamTLSFor(dq)
 	if p.AbandonedCallHold != nil {
 		h := assignment.Duration(max(p.AbandonedCallHold.Duration, 0))
 		d.AbandonedHold = &h

@@ -111,6 +111,7 @@ var quotaEventRules = [...]func(*eventContext) (statusEvent, bool){
 	safeDefaultChangedEvent,
 	podsWithoutAgentEvent,
 	podsUnreachableEvent,
+	insecureTLSEvent,
 }
 
 // sharesMovedEvent: a DemandAware round moved more than the quota's threshold of the budget.
@@ -298,6 +299,8 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	}
 
 	set := func(t string, ok bool, reason, msg string) { st.SetCondition(t, ok, reason, msg, now) }
+
+	setUpstreamTLSCondition(dq, &st, set)
 
 	if len(missing) > 0 {
 		set(apportionv1.ConditionTargetsFound, false, apportionv1.ReasonTargetMissing,

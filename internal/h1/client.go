@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math"
@@ -70,11 +71,27 @@ func (e *BadResponseError) Unwrap() error { return e.Err }
 
 var errResponseHeadTooLarge = errors.New("response head too large")
 
-// CanSend reports whether Client can send r to u: plain http, no protocol upgrade (which needs
-// the caller's connection hijacked and tunnelled), no Expect: 100-continue (Client does not wait
-// for an upstream's 100 before it sends the body). http.Transport sends the rest.
+// ConnectError is a failure to make a new connection to the upstream — the dial, or the TLS
+// handshake of a Target with TLS: nothing of the request was sent. Err is the dialer's or the
+// Handshaker's error (errors.Is and errors.As see through).
+type ConnectError struct{ Err error }
+
+func (e *ConnectError) Error() string { return e.Err.Error() }
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// Handshaker makes a new connection to an upstream a TLS client connection (package
+// upstreamtls's Upstream): the handshake done, the connection's deadline left at deadline. On
+// error it has closed raw.
+type Handshaker interface {
+	Handshake(raw net.Conn, deadline time.Time) (*tls.Conn, error)
+}
+
+// CanSend reports whether Client can send r to u: http, or https (the caller then gives the
+// Target its TLS), no protocol upgrade (which needs the caller's connection hijacked and
+// tunnelled), no Expect: 100-continue (Client does not wait for an upstream's 100 before it
+// sends the body). http.Transport sends the rest.
 func CanSend(r *http.Request, u *url.URL) bool {
-	if u.Scheme != "http" {
+	if u.Scheme != "http" && u.Scheme != "https" {
 		return false
 	}
 	if _, ok := r.Header["Upgrade"]; ok {
@@ -89,7 +106,7 @@ func CanSend(r *http.Request, u *url.URL) bool {
 // Client is the HTTP/1.1 client: it holds the idle connections of every upstream host. Its
 // zero value is not usable; use NewClient.
 type Client struct {
-	hosts  sync.Map // host (URL.Host) -> *hostPool
+	hosts  sync.Map // poolKey -> *hostPool
 	dialer net.Dialer
 	// idleTimeout closes a connection idle for longer (DefaultIdleTimeout; tests shorten it
 	// with SetIdleTimeout).
@@ -123,6 +140,13 @@ func (p *Client) SetMaxIdlePerHost(n int) { p.maxIdle = max(n, 1) }
 // it fails with a *BadResponseError and its connection is closed.
 func (p *Client) SetMaxResponseHeaderBytes(n int) { p.maxHead = int64(max(n, 1<<10)) }
 
+// poolKey names a pool: the upstream's host and, for TLS, the Handshaker (connections made
+// with one TLS identity are never lent to a call of another).
+type poolKey struct {
+	host string
+	tls  Handshaker
+}
+
 type hostPool struct {
 	addr string // host:port to dial
 	mu   sync.Mutex
@@ -138,7 +162,8 @@ type hostPool struct {
 // per agent: 8 KiB each, 80 MB at 10,000 agents) hold none. An idle connection's reader held
 // nothing buffered (put closes one that did), so nothing is lost with it.
 type upConn struct {
-	conn      net.Conn
+	conn      net.Conn      // the TLS connection over raw, or raw
+	raw       net.Conn      // the TCP connection: closed without a TLS close_notify, which could block
 	lr        headLimit     // between conn and br: bounds a head while it is read
 	br        *bufio.Reader // nil while idle
 	bw        *bufio.Writer // nil while idle
@@ -167,22 +192,26 @@ func (l *headLimit) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (p *Client) host(host string) *hostPool {
-	if hp, ok := p.hosts.Load(host); ok {
+func (p *Client) host(k poolKey) *hostPool {
+	if hp, ok := p.hosts.Load(k); ok {
 		return hp.(*hostPool)
 	}
-	addr := host
-	if _, port, err := net.SplitHostPort(host); err != nil || port == "" {
-		addr = net.JoinHostPort(strings.Trim(host, "[]"), "80")
+	addr := k.host
+	if _, port, err := net.SplitHostPort(k.host); err != nil || port == "" {
+		port = "80"
+		if k.tls != nil {
+			port = "443"
+		}
+		addr = net.JoinHostPort(strings.Trim(k.host, "[]"), port)
 	}
-	hp, _ := p.hosts.LoadOrStore(host, &hostPool{addr: addr})
+	hp, _ := p.hosts.LoadOrStore(k, &hostPool{addr: addr})
 	return hp.(*hostPool)
 }
 
-// get returns a connection to host with deadline set: an idle one the upstream has not closed,
-// or a new one.
-func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
-	hp := p.host(host)
+// get returns a connection to k's host with deadline set: an idle one the upstream has not
+// closed, or a new one (its errors: *ConnectError).
+func (p *Client) get(k poolKey, deadline time.Time) (*upConn, error) {
+	hp := p.host(k)
 	now := time.Now()
 	for {
 		hp.mu.Lock()
@@ -208,17 +237,28 @@ func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
 	}
 	d := p.dialer
 	d.Deadline = deadline
-	conn, err := d.Dial("tcp", hp.addr)
+	raw, err := d.Dial("tcp", hp.addr)
 	if err != nil {
-		return nil, err
+		return nil, &ConnectError{Err: err}
 	}
-	conn = fastConn(conn)
-	uc := &upConn{conn: conn, lr: headLimit{c: conn, remain: math.MaxInt64, limit: p.maxHead}}
+	raw = fastConn(raw)
+	conn := raw
+	if k.tls != nil {
+		// TLS over the raw connection: crypto/tls reads and writes through rawIO. The idle
+		// check peeks at the TCP socket: TLS records the upstream sent unasked (an alert, a
+		// close_notify) make the connection unusable as much as plain bytes would.
+		tc, err := k.tls.Handshake(raw, deadline)
+		if err != nil {
+			return nil, &ConnectError{Err: err}
+		}
+		conn = tc
+	}
+	uc := &upConn{conn: conn, raw: raw, lr: headLimit{c: conn, remain: math.MaxInt64, limit: p.maxHead}}
 	uc.takeBuffers()
-	uc.peek.init(conn)
+	uc.peek.init(raw)
 	if err := conn.SetDeadline(deadline); err != nil {
 		uc.close()
-		return nil, err
+		return nil, &ConnectError{Err: err}
 	}
 	return uc, nil
 }
@@ -226,18 +266,18 @@ func (p *Client) get(host string, deadline time.Time) (*upConn, error) {
 // put returns a connection whose last exchange ended cleanly to the idle pool of host, without
 // its buffers (see upConn). One whose reader holds bytes the upstream sent unasked is closed
 // instead: get would refuse it (alive), and its buffer cannot be given back with them.
-func (p *Client) put(host string, uc *upConn) {
+func (p *Client) put(k poolKey, uc *upConn) {
 	if uc.br.Buffered() != 0 {
 		uc.close()
 		return
 	}
 	uc.releaseBuffers()
 	uc.idleSince = time.Now()
-	hp := p.host(host)
+	hp := p.host(k)
 	hp.mu.Lock()
 	for hp.gone {
 		hp.mu.Unlock()
-		hp = p.host(host)
+		hp = p.host(k)
 		hp.mu.Lock()
 	}
 	// Close the oldest when full or expired; the pool is a stack, so they are at the bottom.
@@ -316,7 +356,7 @@ func (p *Client) CloseIdleConnections() {
 // close closes the connection. Its buffers, if it holds them (it was not idle), are left to the
 // collector rather than pooled: a body writer or a reader of the answer may still be using
 // them, and an idle connection gave its own back already (put) — nothing is pooled twice.
-func (uc *upConn) close() { _ = uc.conn.Close() }
+func (uc *upConn) close() { _ = uc.raw.Close() }
 
 // takeBuffers gives an idle (or new) connection its read and write buffers, from the pools.
 func (uc *upConn) takeBuffers() {
@@ -362,6 +402,9 @@ type Target struct {
 	// ForwardedFor, when not empty, is sent as the X-Forwarded-For field. The request's own
 	// X-Forwarded-For is never sent: a proxy computes the chain (see the proxy package).
 	ForwardedFor string
+	// TLS, when not nil, makes new connections TLS connections (port 443 when Host has none),
+	// pooled apart from those of other Handshakers; nil: plain TCP.
+	TLS Handshaker
 }
 
 // Do sends req to t and returns the upstream's final answer (informational ones other than 101
@@ -374,7 +417,8 @@ type Target struct {
 // req.ContentLength > 0, chunked when it is unknown (-1) with a body, Content-Length: 0 for a
 // POST, PUT or PATCH without one.
 //
-// Nothing is ever re-sent. The error is the connection's (dial, write, read: a *net.OpError,
+// Nothing is ever re-sent. A failure to make a new connection (the dial, t.TLS's handshake) is a
+// *ConnectError: nothing was sent. Other errors are the connection's (write, read: a *net.OpError,
 // os.ErrDeadlineExceeded, io.ErrUnexpectedEOF, ...) or a *BadResponseError; a failure to read
 // req.Body is joined with the error of the exchange it cut short.
 //
@@ -395,12 +439,13 @@ func (p *Client) Do(req *http.Request, t Target, deadline time.Time) (*http.Resp
 // ContentLength is its length, at most MaxInlineBody): it is written with the head, in one
 // write, on the caller's goroutine (see HTTPClient).
 func (p *Client) do(req *http.Request, t Target, deadline time.Time, inline []byte) (*http.Response, error) {
-	uc, err := p.get(t.Host, deadline)
+	key := poolKey{host: t.Host, tls: t.TLS}
+	uc, err := p.get(key, deadline)
 	if err != nil {
 		return nil, err
 	}
 	ex := &uc.ex // the connection's: no allocation per call
-	*ex = exchange{p: p, uc: uc, host: t.Host, reqBody: req.Body}
+	*ex = exchange{p: p, uc: uc, key: key, reqBody: req.Body}
 	writeRequestHead(uc.bw, req, t)
 	switch {
 	case inline != nil:
@@ -439,7 +484,7 @@ func (p *Client) do(req *http.Request, t Target, deadline time.Time, inline []by
 type exchange struct {
 	p       *Client
 	uc      *upConn
-	host    string
+	key     poolKey
 	reqBody io.ReadCloser
 	// bodyDone reports the request body's writer's end; nil: no request body, or it reported.
 	bodyDone chan error
@@ -519,7 +564,7 @@ func (ex *exchange) Close() error {
 	}
 	ex.reqBody, ex.body = nil, nil // an idle connection keeps nothing of the call
 	if reuse {
-		ex.p.put(ex.host, ex.uc)
+		ex.p.put(ex.key, ex.uc)
 	} else {
 		ex.uc.close()
 	}

@@ -146,7 +146,7 @@ func countPooled(t *testing.T) *atomic.Int32 {
 
 // idleConns returns the idle connections Client holds for u.
 func idleConns(c *Client, u *upstream) []*upConn {
-	hp := c.host(u.addr)
+	hp := c.host(poolKey{host: u.addr})
 	hp.mu.Lock()
 	defer hp.mu.Unlock()
 	return append([]*upConn(nil), hp.idle...)

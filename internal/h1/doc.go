@@ -1,6 +1,6 @@
 // Package h1 is the project's HTTP/1.1 engine, written for the agent and shared with the
 // manager: a server that serves an http.Handler to the app over its connections (Server), and a
-// client that sends requests to plain http upstreams over pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
+// client that sends requests to http (and, with a Handshaker, https) upstreams over pooled connections (Client.Do). It speaks net/http's vocabulary (http.Handler,
 // http.ResponseWriter with http.ResponseController's deadlines, flushing and hijacking,
 // *http.Request, *http.Response) and knows nothing of downstreams, permits, breakers or
 // fallbacks: that policy is package proxy's, served by it. The manager sends its control-API
@@ -28,7 +28,11 @@
 //     (peek_linux.go), and any failure after the request was written is returned.
 //   - Hop-by-hop fields (IsHopByHop, RemoveHopByHop) are the one list of the agent.
 //
+// TLS: the client speaks TLS to a Target whose TLS Handshaker is set (the agent's
+// upstreamtls.Upstream: crypto/tls over the raw connection, so the fast path stays); the server
+// is plain HTTP (the app is on loopback).
+//
 // Not done: HTTP/2 of its own (the server hands h2c connections to net/http's; the client is
-// HTTP/1.1 only), TLS, Content-Type sniffing, protocol upgrades and Expect: 100-continue on
+// HTTP/1.1 only), server-side TLS, Content-Type sniffing, protocol upgrades and Expect: 100-continue on
 // the client side (CanSend tells; http.Transport sends those).
 package h1

@@ -49,7 +49,7 @@ func (c HTTPClient) Do(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if req.URL == nil || !CanSend(req, req.URL) {
+	if req.URL == nil || req.URL.Scheme != "http" || !CanSend(req, req.URL) {
 		return fail(fmt.Errorf("h1: cannot send %s %v: plain http only, without Upgrade or Expect", req.Method, req.URL))
 	}
 	ctx := req.Context()

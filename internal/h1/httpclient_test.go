@@ -128,7 +128,7 @@ func TestHTTPClientDeadline(t *testing.T) {
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("%d connections, want 1: the cancelled context sends nothing", n)
 	}
-	if hp := c.host(addr); len(hp.idle) != 0 {
+	if hp := c.host(poolKey{host: addr}); len(hp.idle) != 0 {
 		t.Fatal("the timed-out connection was pooled")
 	}
 }
@@ -172,7 +172,7 @@ func TestHTTPClientSkipsClosedIdleConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	call(t, hc, ctx, http.MethodPut, url, strings.NewReader("first"))
-	hp := c.host(addr)
+	hp := c.host(poolKey{host: addr})
 	wait.For(t, "the upstream's close to reach the pooled connection", func() bool {
 		hp.mu.Lock()
 		defer hp.mu.Unlock()
@@ -219,17 +219,17 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 	if n := conns.Load(); n != 2 {
 		t.Fatalf("%d connections for two concurrent calls, want 2", n)
 	}
-	if n := len(c.host(host).idle); n != 1 {
+	if n := len(c.host(poolKey{host: host}).idle); n != 1 {
 		t.Fatalf("%d idle connections, want 1", n)
 	}
 
 	// Idle too long: reaped, and the host dropped.
-	hp := c.host(host)
+	hp := c.host(poolKey{host: host})
 	hp.mu.Lock()
 	hp.idle[0].idleSince = time.Now().Add(-2 * time.Hour)
 	hp.mu.Unlock()
 	c.reap()
-	if _, ok := c.hosts.Load(host); ok {
+	if _, ok := c.hosts.Load(poolKey{host: host}); ok {
 		t.Fatal("a host without idle connections was kept")
 	}
 
@@ -237,7 +237,7 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 	res := open() //nolint:bodyclose // finish closes it
 	c.reap()      // its pool has no idle connection: dropped
 	finish(res)
-	v, ok := c.hosts.Load(host)
+	v, ok := c.hosts.Load(poolKey{host: host})
 	if !ok || len(v.(*hostPool).idle) != 1 || v.(*hostPool).gone {
 		t.Fatal("the connection that came back after its pool was dropped is not in the map")
 	}

@@ -76,7 +76,7 @@ func TestMutateInjectsANativeSidecar(t *testing.T) {
 		t.Errorf("resources (-want +got):\n%s", diff)
 	}
 	vol, mount, _, identity := TrustMaterial()
-	if diff := cmp.Diff(identity, a.Env); diff != "" {
+	if diff := cmp.Diff(append(identity, corev1.EnvVar{Name: "GOMAXPROCS", Value: "1"}), a.Env); diff != "" {
 		t.Errorf("agent env (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]corev1.Volume{vol}, p.Spec.Volumes); diff != "" {

@@ -101,6 +101,11 @@ func (w *Webhook) Handle(ctx context.Context, req admission.Request) admission.R
 	if !changed {
 		return admission.Allowed("nothing to inject")
 	}
+	for _, q := range quotas {
+		if err := AddUpstreamTLS(&pod, q.Name, q.Spec.UpstreamTLS); err != nil {
+			return admission.Denied("apportion agent injection: " + err.Error())
+		}
+	}
 	patched, err := json.Marshal(&pod)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)

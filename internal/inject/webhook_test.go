@@ -282,3 +282,44 @@ var _ = Describe("Agent injection", func() {
 		Expect(cmp.Diff(w, got)).To(BeEmpty())
 	})
 })
+
+var _ = Describe("Agent injection of upstream TLS material", func() {
+	It("mounts the quota's CA ConfigMap and client Secret into the agent only, read-only, and the API server keeps them", func() {
+		ctx := context.Background()
+		ns := newNamespace(ctx, true)
+		d := deployment(ns, "gateway")
+		q := quota(ns, "partner", "gateway")
+		q.Spec.Upstream = "https://api.partner.example"
+		q.Spec.UpstreamTLS = &apportionv1.UpstreamTLS{
+			CABundle:          &apportionv1.ConfigMapKey{Name: "partner-ca"},
+			ClientCertificate: &apportionv1.SecretName{Name: "partner-client"},
+		}
+		create(ctx, d, q)
+
+		p := replicaSetPod(d)
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		a := agentOf(p)
+		Expect(a).NotTo(BeNil())
+		Expect(a.VolumeMounts).To(ContainElement(And(
+			HaveField("MountPath", "/var/run/apportion/upstream-tls/partner"), HaveField("ReadOnly", true))))
+		Expect(envOf(*a)).To(HaveKeyWithValue("GOMAXPROCS", "1"))
+		for _, c := range p.Spec.Containers {
+			Expect(c.VolumeMounts).NotTo(ContainElement(HaveField("MountPath", "/var/run/apportion/upstream-tls/partner")))
+		}
+		var stored corev1.Pod
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &stored)).To(Succeed())
+		var projected *corev1.ProjectedVolumeSource
+		for _, v := range stored.Spec.Volumes {
+			if v.Projected != nil {
+				projected = v.Projected
+			}
+		}
+		Expect(projected).NotTo(BeNil(), "no projected volume stored")
+		Expect(projected.Sources).To(HaveLen(2))
+		Expect(projected.Sources[0].ConfigMap.Name).To(Equal("partner-ca"))
+		Expect(projected.Sources[0].ConfigMap.Items).To(Equal([]corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}))
+		Expect(projected.Sources[0].ConfigMap.Optional).To(HaveValue(BeFalse()))
+		Expect(projected.Sources[1].Secret.Name).To(Equal("partner-client"))
+		Expect(projected.Sources[1].Secret.Optional).To(HaveValue(BeFalse()))
+	})
+})

@@ -1,7 +1,10 @@
 package enforce
 
 import (
+	"crypto/tls"
+	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/ratelimit"
 	"github.com/apportion/apportion/internal/agent/recovery"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -106,4 +110,55 @@ func convertSwitch(s assignment.Switch) degrade.Switch {
 		sw.HeaderMatches = append(sw.HeaderMatches, degrade.HeaderMatch{Name: http.CanonicalHeaderKey(h.Name), Value: h.Value})
 	}
 	return sw
+}
+
+// tlsSettings are an https upstream's TLS settings: the assignment's, with the URL's host as the
+// server name when it names none; nil for http.
+func tlsSettings(u *url.URL, t *assignment.UpstreamTLS) *upstreamtls.Settings {
+	if u.Scheme != "https" {
+		return nil
+	}
+	s := upstreamtls.Settings{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
+	if t != nil {
+		if t.ServerName != "" {
+			s.ServerName = t.ServerName
+		}
+		s.CAFile, s.CertFile, s.KeyFile = t.CAFile, t.CertFile, t.KeyFile
+		if t.MinVersion == assignment.TLSVersion13 {
+			s.MinVersion = tls.VersionTLS13
+		}
+		s.InsecureSkipVerify = t.InsecureSkipVerify
+	}
+	return &s
+}
+
+// resolveTLS gives every https downstream of cfgs its Upstream: the one held for the same
+// settings, or a new one (whose files are read now). It returns the Upstreams cfgs use, which
+// replace the ones held once the assignment is applied; an Upstream no longer used is dropped
+// (its connections close when idle).
+func (e *Enforcer) resolveTLS(cfgs []*Config) (map[upstreamtls.Settings]*upstreamtls.Upstream, error) {
+	out := map[upstreamtls.Settings]*upstreamtls.Upstream{}
+	for _, c := range cfgs {
+		if c.TLSSettings == nil {
+			continue
+		}
+		s := *c.TLSSettings
+		up := out[s]
+		if up == nil {
+			up = e.upstreams[s]
+		}
+		if up == nil {
+			var err error
+			if up, err = upstreamtls.New(s, upstreamtls.Options{Clock: e.clock}); err != nil {
+				return nil, fmt.Errorf("downstream %s: tls: %w", c.Name, err)
+			}
+			if err := up.Err(); err != nil {
+				e.log.Warn("the TLS material of a downstream cannot be used yet; its calls are refused until it can",
+					"downstream", c.Name, "err", err)
+			}
+		}
+		out[s] = up
+		c.TLS = up
+	}
+	return out, nil
 }

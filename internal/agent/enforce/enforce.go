@@ -65,6 +65,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -105,6 +106,8 @@ type Enforcer struct {
 	leaseTimer     clock.Timer
 	leaseSeq       uint64
 	held           []byte // the JSON of the assignment held
+	// upstreams are the TLS of the https downstreams held, by settings (resolveTLS).
+	upstreams map[upstreamtls.Settings]*upstreamtls.Upstream
 }
 
 // New returns an Enforcer holding an empty table: every call is to an unknown downstream.
@@ -240,6 +243,10 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	if err != nil {
 		return err
 	}
+	upstreams, err := e.resolveTLS(cfgs)
+	if err != nil {
+		return err
+	}
 	held, _ := json.Marshal(a)
 	// From here on nothing fails.
 	var created []string
@@ -271,6 +278,7 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 		}
 	}
 	e.epoch, e.gen = a.Epoch, a.Generation
+	e.upstreams = upstreams
 	e.configured, e.bootstrap = true, bootstrap
 	e.held = held
 	if bootstrap {

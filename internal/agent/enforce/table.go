@@ -16,6 +16,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/ratelimit"
 	"github.com/apportion/apportion/internal/agent/recovery"
 	"github.com/apportion/apportion/internal/agent/semaphore"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/assignment"
 )
 
@@ -66,6 +67,11 @@ type Config struct {
 	// AbandonedHold is how long a call that timed out keeps its permit after its upstream
 	// connection closed.
 	AbandonedHold time.Duration
+	// TLS is an https upstream's TLS (its settings in TLSSettings): one Upstream per settings,
+	// kept across assignments while the settings stay (Enforcer.resolveTLS), so its session
+	// cache and the lean client's pool of its connections survive a push. nil for http.
+	TLS         *upstreamtls.Upstream
+	TLSSettings *upstreamtls.Settings
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
@@ -348,6 +354,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 			c.MaxWaiting = int(*d.MaxWaiting)
 		}
 		c.DeadlineHeader = d.DeadlineHeader
+		c.TLSSettings = tlsSettings(u, d.TLS)
 		c.AbandonedHold = c.RequestTimeout
 		if d.AbandonedHold != nil {
 			c.AbandonedHold = d.AbandonedHold.D()

@@ -20,6 +20,10 @@
 //	                                             reject, static, serve-stale
 //	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
 //	                                             connection error)
+//	upstream_tls_failures_total{reason}          calls whose TLS to the downstream failed:
+//	                                             unknown-ca, wrong-name, expired,
+//	                                             bad-certificate, client-cert-refused,
+//	                                             handshake-failed, handshake-timeout, config
 //	upstream_429_total                           upstream 429s passed through
 //	abandoned_calls_total                        calls abandoned at their deadline whose permit
 //	                                             was held for abandonedHold
@@ -60,6 +64,11 @@ var Reasons = [NumReasons]string{"no-permit", "rate-limited", "circuit-open", "d
 
 // Actions of a fallback answer, as label values; the index is what Downstream.Fallback takes.
 var Actions = []string{"reject", "static", "serve-stale"}
+
+// TLSReasons are the reasons of upstream_tls_failures_total, in the order of
+// upstreamtls.Reason from UnknownCA on (the index is the Reason minus one).
+var TLSReasons = [...]string{"unknown-ca", "wrong-name", "expired", "bad-certificate", "client-cert-refused",
+	"handshake-failed", "handshake-timeout", "config"}
 
 // Response classes; the index is what Downstream.Upstream takes (ClassError for no response).
 var Classes = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
@@ -126,7 +135,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	requests, upstream429         *prometheus.CounterVec
-	abandoned                     *prometheus.CounterVec
+	abandoned, tlsFailures        *prometheus.CounterVec
 	rejected, fallback, upstream  *prometheus.CounterVec
 	transitions                   *prometheus.CounterVec
 	rejectedPushes                *prometheus.CounterVec
@@ -154,6 +163,7 @@ func New() *Metrics {
 	m.fallback = cv("fallback_total", "Fallback answers given instead of the downstream's, by action.", "action")
 	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
 	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
+	m.tlsFailures = cv("upstream_tls_failures_total", "Calls whose TLS to the downstream failed, by what failed.", "reason")
 	m.abandoned = cv("abandoned_calls_total", "Calls abandoned at their deadline whose permit was held for abandonedHold after the upstream connection closed.")
 	m.transitions = cv("breaker_transitions_total", "Circuit breaker state transitions.", "from", "to")
 	m.rejectedPushes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: "rejected_pushes_total",
@@ -211,6 +221,7 @@ type Downstream struct {
 	Fallback         [3]prometheus.Counter          // by Action*
 	Upstream         [6]prometheus.Counter          // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
+	TLSFailures      [len(TLSReasons)]prometheus.Counter // by TLSReasons
 	Abandoned        prometheus.Counter
 	UpstreamDuration prometheus.Observer
 	AcquireWait      prometheus.Observer
@@ -246,6 +257,9 @@ func (m *Metrics) Downstream(name string) *Downstream {
 	for i, c := range Classes {
 		d.Upstream[i] = m.upstream.WithLabelValues(name, c)
 	}
+	for i, r := range TLSReasons {
+		d.TLSFailures[i] = m.tlsFailures.WithLabelValues(name, r)
+	}
 	return d
 }
 
@@ -257,7 +271,7 @@ func (d *Downstream) Transition(from, to string) {
 // Forget deletes every series of a downstream that left the configuration.
 func (m *Metrics) Forget(name string) {
 	l := prometheus.Labels{"downstream": name}
-	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions} {
+	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions, m.tlsFailures} {
 		v.DeletePartialMatch(l)
 	}
 	m.upstreamDuration.DeletePartialMatch(l)

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/h1"
 )
 
@@ -183,4 +186,65 @@ func Refusal(status int, reason string) (contentType string, body []byte) {
 		code = CodeTransferEncodingNotImplemented
 	}
 	return "application/problem+json", problemJSON(status, code, http.StatusText(status), reason, "")
+}
+
+// Problem codes of a call whose TLS to the downstream failed (upstreamtls.Classify), one per
+// reason, the metric upstream_tls_failures_total's reason their slug's tail. All but the
+// handshake timeout are misconfigurations, which the breaker does not count (see finish).
+const (
+	CodeTLSUnknownCA         = "APPORTION_UPSTREAM_TLS_UNKNOWN_CA"          // 502
+	CodeTLSWrongName         = "APPORTION_UPSTREAM_TLS_WRONG_NAME"          // 502
+	CodeTLSExpired           = "APPORTION_UPSTREAM_TLS_EXPIRED"             // 502
+	CodeTLSBadCertificate    = "APPORTION_UPSTREAM_TLS_BAD_CERTIFICATE"     // 502
+	CodeTLSClientCertRefused = "APPORTION_UPSTREAM_TLS_CLIENT_CERT_REFUSED" // 502
+	CodeTLSHandshakeFailed   = "APPORTION_UPSTREAM_TLS_HANDSHAKE_FAILED"    // 502
+	CodeTLSHandshakeTimeout  = "APPORTION_UPSTREAM_TLS_HANDSHAKE_TIMEOUT"   // 504
+	CodeTLSConfig            = "APPORTION_UPSTREAM_TLS_CONFIG"              // 502
+)
+
+// tlsProblems are the answers by upstreamtls.Reason (index Reason-1).
+var tlsProblems = [...]struct {
+	status       int
+	code, title  string
+	detailPrefix string
+}{
+	{http.StatusBadGateway, CodeTLSUnknownCA, "Upstream certificate not trusted",
+		"the downstream's certificate chain leads to no CA the agent trusts (spec.upstreamTLS.caBundle, or the system roots)"},
+	{http.StatusBadGateway, CodeTLSWrongName, "Upstream certificate for another name",
+		"the downstream's certificate does not name the server name the agent verifies (spec.upstreamTLS.serverName, or the upstream's host)"},
+	{http.StatusBadGateway, CodeTLSExpired, "Upstream certificate expired",
+		"a certificate of the downstream's chain has expired or is not valid yet"},
+	{http.StatusBadGateway, CodeTLSBadCertificate, "Upstream certificate invalid",
+		"the downstream's certificate cannot be verified"},
+	{http.StatusBadGateway, CodeTLSClientCertRefused, "Client certificate refused",
+		"the downstream refused the agent's client certificate, or its absence (spec.upstreamTLS.clientCertificate)"},
+	{http.StatusBadGateway, CodeTLSHandshakeFailed, "TLS handshake failed",
+		"the downstream refused the TLS handshake (version, cipher suites)"},
+	{http.StatusGatewayTimeout, CodeTLSHandshakeTimeout, "TLS handshake timeout",
+		"the downstream did not complete the TLS handshake in time"},
+	{http.StatusBadGateway, CodeTLSConfig, "TLS material unusable",
+		"the agent's TLS material for this downstream cannot be used (a file the webhook mounts is missing or malformed); nothing was sent"},
+}
+
+// writeTLSProblem answers a call whose TLS failed for reason r (not None).
+func writeTLSProblem(w http.ResponseWriter, r upstreamtls.Reason, err error, downstream string) {
+	p := tlsProblems[r-1]
+	writeProblem(w, p.status, p.code, p.title, p.detailPrefix+": "+tlsDetail(err), downstream)
+}
+
+// tlsDetail describes a TLS failure for the app: crypto/tls's or crypto/x509's words, the
+// downstream's alert, or the connection's failure without the agent's socket addresses.
+func tlsDetail(err error) string {
+	var ne *net.OpError
+	if errors.As(err, &ne) {
+		if ne.Op == "remote error" && ne.Err != nil {
+			return "the downstream sent the alert " + quote(ne.Err.Error())
+		}
+		return upstreamError(err)
+	}
+	var he *upstreamtls.HandshakeError
+	if errors.As(err, &he) {
+		return he.Err.Error()
+	}
+	return err.Error()
 }

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/h1"
 	"github.com/apportion/apportion/internal/testing/loadgen"
+	"github.com/apportion/apportion/internal/testing/tlstest"
 )
 
 // benchServer serves h on a real 127.0.0.1 listener with net/http's server (the upstream).
@@ -283,6 +286,12 @@ func benchRawUpstream(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return "http://" + serveRaw(b, ln)
+}
+
+// serveRaw answers every request head on ln with a 200 "ok", and returns ln's address.
+func serveRaw(b *testing.B, ln net.Listener) string {
+	b.Helper()
 	b.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -310,7 +319,7 @@ func benchRawUpstream(b *testing.B) string {
 			}()
 		}
 	}()
-	return "http://" + ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // BenchmarkServeLean is one call at a time through the agent as the binary runs it (h1.Server,
@@ -327,8 +336,36 @@ func BenchmarkServeLeanRecovery(b *testing.B) {
 	serveLean(b, withRecoveryAndDeadline, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\nX-Apportion-Timeout: 5s\r\n\r\n")
 }
 
+// BenchmarkServeLeanTLS is BenchmarkServeLean to an https upstream (a private CA's ECDSA P-256
+// certificate, TLS 1.3): the lean client over crypto/tls on one kept-alive connection, what
+// record encryption adds to a call beside BenchmarkServeLean.
+func BenchmarkServeLeanTLS(b *testing.B) {
+	ca, err := tlstest.NewCA("bench CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	leaf, err := ca.Issue(tlstest.LeafOptions{Names: []string{"127.0.0.1"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	paths, err := tlstest.Mount(filepath.Join(b.TempDir(), "ca"), map[string][]byte{"ca.crt": ca.PEM})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{leaf.Cert}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	up := "https://" + serveRaw(b, ln)
+	serveLeanTo(b, up, func(d *assignment.Downstream) { d.TLS = &assignment.UpstreamTLS{CAFile: paths["ca.crt"]} },
+		"GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+}
+
 func serveLean(b *testing.B, mut func(*assignment.Downstream), request string) {
-	up := benchRawUpstream(b)
+	serveLeanTo(b, benchRawUpstream(b), mut, request)
+}
+
+func serveLeanTo(b *testing.B, up string, mut func(*assignment.Downstream), request string) {
 	enf := benchEnforcer(b, up, mut)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/h1"
 )
 
@@ -16,6 +19,9 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 	u := c.cfg.Upstream
 	path, query := c.upstreamTarget(r.URL.RawQuery)
 	t := h1.Target{Host: u.Host, Path: path, RawQuery: query}
+	if c.cfg.TLS != nil {
+		t.TLS = c.cfg.TLS // never a nil *Upstream in the interface
+	}
 	if xff, ok := forwardedFor(r.Header, r.RemoteAddr); ok {
 		t.ForwardedFor = xff
 	}
@@ -96,4 +102,52 @@ func (b *leanBody) Close() error {
 func isEventStream(h http.Header) bool {
 	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
 	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
+
+// upstreamTransport is the ReverseProxy's transport when Options gave none: plain for http
+// upstreams, and for an https upstream an http.Transport of its own that dials through its
+// upstreamtls.Upstream (the same verification, material and rotation as the lean client's;
+// pooled apart, as the lean client pools apart, so that a connection made with one downstream's
+// client certificate never carries another's calls).
+type upstreamTransport struct {
+	h     *Handler
+	plain *http.Transport
+}
+
+func (t *upstreamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c, _ := r.Context().Value(callKey{}).(*call); c != nil && c.cfg.TLS != nil && r.URL.Scheme == "https" {
+		return t.h.tlsTransport(c.cfg.TLS).RoundTrip(r)
+	}
+	return t.plain.RoundTrip(r)
+}
+
+func (t *upstreamTransport) CloseIdleConnections() { t.plain.CloseIdleConnections() }
+
+// tlsTransport returns up's http.Transport (NewTransport, dialling TLS through up).
+func (h *Handler) tlsTransport(up *upstreamtls.Upstream) *http.Transport {
+	if v, ok := h.tlsTransports.Load(up); ok {
+		return v.(*http.Transport)
+	}
+	t := NewTransport()
+	dial := t.DialContext
+	t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		deadline, _ := ctx.Deadline()
+		return up.Handshake(raw, deadline)
+	}
+	t.ForceAttemptHTTP2 = false // HTTP/1.1: no ALPN is offered
+	v, _ := h.tlsTransports.LoadOrStore(up, t)
+	return v.(*http.Transport)
+}
+
+// neverSent reports whether err says that nothing of the call reached the downstream: no
+// connection could be made, or its TLS handshake did not complete.
+func neverSent(err error) bool {
+	var ce *h1.ConnectError
+	var he *upstreamtls.HandshakeError
+	var ne *net.OpError
+	return errors.As(err, &ce) || errors.As(err, &he) || (errors.As(err, &ne) && ne.Op == "dial")
 }

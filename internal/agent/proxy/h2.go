@@ -17,6 +17,7 @@ import (
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/grpcstatus"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/h1"
 )
 
@@ -257,6 +258,11 @@ var errNoH2 = errors.New("the downstream did not negotiate HTTP/2 (ALPN h2)")
 // configuration Options.UpstreamTLS gives for its current configuration (asked at every
 // connection: a rotated certificate applies to the next one), ALPN h2 only.
 func (h *Handler) dialTLS(ctx context.Context, name, network, addr string) (net.Conn, error) {
+	if h.upstreamTLS == nil {
+		if ds := h.enf.Table().Lookup(name); ds != nil && ds.Config().TLS != nil {
+			return dialUpstreamTLS(ctx, ds.Config().TLS, network, addr)
+		}
+	}
 	var conf *tls.Config
 	if h.upstreamTLS != nil {
 		if ds := h.enf.Table().Lookup(name); ds != nil {
@@ -286,6 +292,37 @@ func (h *Handler) dialTLS(ctx context.Context, name, network, addr string) (net.
 		return nil, errNoH2
 	}
 	return nc, nil
+}
+
+// dialUpstreamTLS opens an HTTP/2 connection to an https upstream with the downstream's TLS
+// settings (spec.upstreamTLS: its CA, server name, client certificate, rotation and session
+// cache, the same verification as the lean HTTP/1.1 path), ALPN h2 only. Its failures are
+// *upstreamtls.HandshakeError, classified as on the lean path.
+func dialUpstreamTLS(ctx context.Context, up *upstreamtls.Upstream, network, addr string) (net.Conn, error) {
+	conf := up.Config().Clone() // shares the session cache and the callbacks reading the material
+	conf.NextProtos = []string{"h2"}
+	raw, err := upstreamDialer.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	deadline, _ := ctx.Deadline()
+	tc, err := up.HandshakeWith(raw, conf, deadline)
+	if err != nil {
+		if strings.Contains(err.Error(), "no application protocol") {
+			return nil, errNoH2 // the server's no_application_protocol alert: HTTP/1.1 only
+		}
+		return nil, err
+	}
+	// The connection carries many streams: no call's deadline stays on it.
+	if err := tc.SetDeadline(time.Time{}); err != nil {
+		_ = tc.Close()
+		return nil, err
+	}
+	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		_ = tc.Close()
+		return nil, errNoH2
+	}
+	return tc, nil
 }
 
 // newH2Proxy is the ReverseProxy of the calls that came over HTTP/2: the same hooks as the

@@ -74,10 +74,20 @@
 //
 // Serving and forwarding: the agent serves Handler with the HTTP/1.1 engine's server
 // (h1.Server, with Refusal for the requests it refuses itself; Handler stays an http.Handler
-// that works under net/http's server too), and sends calls to plain http upstreams with the
-// engine's client (h1.Client, forward.go). https upstreams, protocol upgrades, Expect:
-// 100-continue and a Transport given in Options go through httputil.ReverseProxy and
-// http.Transport. Both ways share the admission (admission.go), the call's state, the answers on
+// that works under net/http's server too), and sends calls to http and https upstreams with the
+// engine's client (h1.Client, forward.go; https over crypto/tls with the downstream's
+// upstreamtls.Upstream: its CA, server name, client certificate, rotation and session cache).
+// Protocol upgrades, Expect: 100-continue and a Transport given in Options go through
+// httputil.ReverseProxy and http.Transport (for https, one http.Transport per Upstream dialling
+// through it: the same verification).
+//
+// TLS failures (upstreamtls.Classify) are answered with a code of their own (502, or 504 for a
+// handshake timeout: APPORTION_UPSTREAM_TLS_*, answer.go) and counted in
+// upstream_tls_failures_total{reason}. All but the handshake timeout are misconfigurations (of
+// the agent's material or the downstream's certificates) that the breaker and the recovery
+// windows do not judge. A call that never reached the downstream (no connection, no completed
+// handshake, or material that cannot be used: nothing sent) gives its permit back at once, never
+// held for AbandonedHold. Both ways share the admission (admission.go), the call's state, the answers on
 // failure and the recording; the engine's client drops informational (1xx) answers, which the
 // ReverseProxy passes on. This package holds the policy; the engine knows nothing of it.
 //
@@ -111,25 +121,27 @@ import (
 	"github.com/apportion/apportion/internal/agent/enforce"
 	"github.com/apportion/apportion/internal/agent/fallback"
 	"github.com/apportion/apportion/internal/agent/metrics"
+	"github.com/apportion/apportion/internal/agent/upstreamtls"
 	"github.com/apportion/apportion/internal/h1"
 )
 
 // Options configure a Handler.
 type Options struct {
 	Enforcer *enforce.Enforcer
-	// Transport sends calls upstream; nil means the lean HTTP/1.1 client for plain http
-	// upstreams and NewTransport() for the rest (https, upgrades, Expect: 100-continue). A
-	// Transport given here sends every call.
+	// Transport sends calls upstream; nil means the lean HTTP/1.1 client (http and https) and
+	// NewTransport() for the rest (upgrades, Expect: 100-continue; for https one per
+	// downstream's upstreamtls.Upstream). A Transport given here sends every call.
 	Transport http.RoundTripper
 	// StaleCacheBytes bounds the stale cache; 0 disables ServeStale's cache (it then rejects).
 	StaleCacheBytes int64
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
-	// UpstreamTLS gives the TLS configuration of a new HTTP/2 connection to a downstream's https
-	// upstream (h2.go: asked at every connection, so that a rotated one applies to the next;
-	// ALPN is set by the caller, h2 only). nil, or a nil configuration: crypto/tls's defaults
-	// (the system's roots, the upstream URL's host as the server name). http upstreams are
-	// h2c and never ask.
+	// UpstreamTLS, if set, replaces the downstream's own TLS settings (enforce.Config.TLS, from
+	// spec.upstreamTLS) for a new HTTP/2 connection to its https upstream (h2.go: asked at every
+	// connection, so that a rotated one applies to the next; ALPN is set by the caller, h2
+	// only); a nil configuration means crypto/tls's defaults (the system's roots, the upstream
+	// URL's host as the server name). nil (as the agent runs): the downstream's own settings, or
+	// those defaults for a downstream without them. http upstreams are h2c and never ask.
 	UpstreamTLS func(cfg *enforce.Config) (*tls.Config, error)
 }
 
@@ -148,6 +160,10 @@ type Handler struct {
 	// maxEntry bounds one cached response body: an eighth of the cache, at most 1 MiB.
 	maxEntry int64
 	log      *slog.Logger
+	// tlsTransports are the http.Transports of the https downstreams' calls the lean client
+	// does not send (upgrades, Expect: 100-continue), one per *upstreamtls.Upstream
+	// (upstreamTransport).
+	tlsTransports sync.Map
 }
 
 // NewTransport returns the shared upstream transport: keep-alive pools large enough for the
@@ -175,14 +191,15 @@ func NewTransport() *http.Transport {
 // New returns the data plane handler.
 func New(o Options) *Handler {
 	var up *h1.Client
+	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock()}
 	if o.Transport == nil {
-		o.Transport = NewTransport()
+		o.Transport = &upstreamTransport{h: h, plain: NewTransport()}
 		up = h1.NewClient()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &Handler{enf: o.Enforcer, clock: o.Enforcer.Clock(), log: o.Logger, up: up, upstreamTLS: o.UpstreamTLS}
+	h.log, h.up, h.upstreamTLS = o.Logger, up, o.UpstreamTLS
 	if o.StaleCacheBytes > 0 {
 		h.stale = fallback.NewCache(o.StaleCacheBytes)
 		h.maxEntry = min(o.StaleCacheBytes/8, 1<<20)
@@ -212,6 +229,10 @@ func (h *Handler) CloseIdleConnections() {
 	if h.h2up != nil {
 		h.h2up.CloseIdleConnections()
 	}
+	h.tlsTransports.Range(func(_, v any) bool {
+		v.(*http.Transport).CloseIdleConnections()
+		return true
+	})
 }
 
 type callKey struct{}
@@ -248,6 +269,9 @@ type call struct {
 	// count against the downstream.
 	ab       appBody
 	appFault bool
+	// tls is what failed in the connection's TLS (upstreamtls.Classify), if that is why the
+	// call got no response.
+	tls upstreamtls.Reason
 	// dl sets the app connection's deadlines (nil: the server cannot).
 	dl deadliner
 	// h2: the call came over HTTP/2 (one stream of a connection); res: the upstream's
@@ -520,18 +544,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.key = fallback.Key(name, r.URL.RequestURI())
 	}
 	// Two ways out, sharing everything but the HTTP exchange itself (the call's state, the
-	// answers on failure, the body wrapper, the outcome): the lean HTTP/1.1 client for plain http
-	// upstreams, and httputil.ReverseProxy + http.Transport for what it does not do (https,
-	// protocol upgrades, Expect: 100-continue, a Transport given in Options).
+	// answers on failure, the body wrapper, the outcome): the lean HTTP/1.1 client for http and
+	// https upstreams, and httputil.ReverseProxy + http.Transport for what it does not do
+	// (protocol upgrades, Expect: 100-continue, a Transport given in Options).
 	//
 	// The upstream call is not cancelled when the app gives up: the downstream would keep working
 	// on it while the permit went to the next call, and its in-flight count would exceed ours.
 	// The permit is held until the downstream answered or RequestTimeout passed.
+	if cfg.TLS != nil {
+		if err := cfg.TLS.Err(); err != nil {
+			// The agent's TLS material cannot be used: nothing is sent (see upstreamtls).
+			c.fail(w, &upstreamtls.HandshakeError{Err: err})
+			return
+		}
+	}
 	if c.h2 && h.rp2 != nil {
 		h.forwardH2(w, r, c) // HTTP/2 in, HTTP/2 out (h2.go)
 		return
 	}
-	if h.up != nil && h1.CanSend(r, cfg.Upstream) {
+	if h.up != nil && h1.CanSend(r, cfg.Upstream) && (cfg.TLS != nil || cfg.Upstream.Scheme == "http") {
 		h.forwardLean(w, r, c) // the deadline is the connection's
 		return
 	}
@@ -565,7 +596,9 @@ func (c *call) release(releaseLane func()) {
 		releaseLane()
 	}
 	hold := c.cfg.AbandonedHold
-	abandoned := isTimeout(c.err) || isTimeout(c.bodyErr)
+	// A call that never reached the downstream (no connection, no TLS handshake: nothing was
+	// sent) is not abandoned there, whatever timed out.
+	abandoned := (isTimeout(c.err) && !neverSent(c.err)) || isTimeout(c.bodyErr)
 	if hold <= 0 || !abandoned || c.appFault {
 		free()
 		return
@@ -605,6 +638,14 @@ func holdLeft(hold, late time.Duration) time.Duration {
 func (c *call) finish(tk breaker.Ticket) {
 	if c.appFault {
 		tk.Cancel() // the app's error says nothing about the downstream
+		return
+	}
+	if c.tls.Misconfigured() {
+		// Neither does a TLS misconfiguration (of the agent's material or of the downstream's
+		// certificates): the call never reached the service, whose load and health it does
+		// not tell. Counted as a call without a response, not judged.
+		c.ds.Metrics.Upstream[metrics.ClassError].Inc()
+		tk.Cancel()
 		return
 	}
 	class := metrics.ClassError
@@ -778,8 +819,15 @@ func (c *call) fail(w http.ResponseWriter, err error) {
 	if !c.sent.IsZero() {
 		c.took = c.h.clock.Since(c.sent)
 	}
+	if c.tls = upstreamtls.Classify(err); c.tls != upstreamtls.None {
+		c.ds.Metrics.TLSFailures[c.tls-1].Inc()
+	}
 	if c.appCtx.Err() != nil {
 		return // the app left: nobody to answer
+	}
+	if c.tls != upstreamtls.None {
+		writeTLSProblem(w, c.tls, err, c.cfg.Name)
+		return
 	}
 	// The lean client's error is the connection's deadline, the ReverseProxy's the context's.
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || c.pastDeadline() {

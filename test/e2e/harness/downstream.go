@@ -2,7 +2,10 @@ package harness
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"sync"
@@ -68,6 +71,22 @@ func StartDownstream(limit int64, latency time.Duration) (*Downstream, error) {
 	p.SetUnencryptedHTTP2(true)
 	d.srv = &http.Server{Handler: d, ReadHeaderTimeout: 5 * time.Second, Protocols: &p}
 	go func() { _ = d.srv.Serve(ln) }()
+	return d, nil
+}
+
+// StartDownstreamTLS is StartDownstream served over TLS with cert (for 127.0.0.1): the partner
+// reached at an https upstream.
+func StartDownstreamTLS(limit int64, latency time.Duration, cert tls.Certificate) (*Downstream, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	d := &Downstream{Limit: limit, ln: ln, URL: "https://" + ln.Addr().String()}
+	d.latency.Store(int64(latency))
+	d.srv = &http.Server{Handler: d, ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
+		ErrorLog:  log.New(io.Discard, "", 0)}
+	go func() { _ = d.srv.ServeTLS(ln, "", "") }()
 	return d, nil
 }
 

@@ -2,8 +2,10 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -94,6 +96,9 @@ type podProbe struct {
 func (w *Workload) runAgent(ctx context.Context, pod *corev1.Pod, ip string, p podProbe) (*Agent, error) {
 	spec, err := agentSpecFromPod(pod, ip, w.keys.Dir)
 	if err != nil {
+		return nil, err
+	}
+	if err := mountProjected(ctx, w.cp.Client, pod); err != nil {
 		return nil, err
 	}
 	a := newAgentFromSpec(w.bin, w.cfg.Namespace, pod.Name, ip, w.keys.Dir, w.dir, spec, w.cfg.AgentArgs...)
@@ -258,6 +263,71 @@ func trustVolumeAt(pod *corev1.Pod, c *corev1.Container, path string) error {
 	j := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
 	if j < 0 || pod.Spec.Volumes[j].ConfigMap == nil || pod.Spec.Volumes[j].ConfigMap.Name != apportionv1.TrustConfigMap {
 		return fmt.Errorf("pod %s: the volume %s at --trust-dir=%s is not the ConfigMap %s", pod.Name, name, path, apportionv1.TrustConfigMap)
+	}
+	return nil
+}
+
+// mountProjected plays the kubelet for the agent's projected volumes (the upstream TLS material
+// the webhook mounts, inject.AddUpstreamTLS): each ConfigMap or Secret item is written at the
+// container's mount path, on this machine's file system, where the agent — a process here, told
+// the paths by the manager — reads it. A missing object fails the pod's start, as optional=false
+// does in a cluster. The paths are the same for every pod of a quota; the package's tests run one
+// at a time.
+func mountProjected(ctx context.Context, c client.Client, pod *corev1.Pod) error {
+	ac, ok := agentContainer(pod)
+	if !ok {
+		return nil
+	}
+	for _, m := range ac.VolumeMounts {
+		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || pod.Spec.Volumes[i].Projected == nil {
+			continue
+		}
+		files := map[string][]byte{}
+		for _, src := range pod.Spec.Volumes[i].Projected.Sources {
+			switch {
+			case src.ConfigMap != nil:
+				var cm corev1.ConfigMap
+				if err := c.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.ConfigMap.Name}, &cm); err != nil {
+					return fmt.Errorf("pod %s: volume %s: %w", pod.Name, m.Name, err)
+				}
+				for _, it := range src.ConfigMap.Items {
+					v, ok := cm.Data[it.Key]
+					if !ok {
+						return fmt.Errorf("pod %s: volume %s: the ConfigMap %s has no key %s", pod.Name, m.Name, cm.Name, it.Key)
+					}
+					files[it.Path] = []byte(v)
+				}
+			case src.Secret != nil:
+				var sec corev1.Secret
+				if err := c.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: src.Secret.Name}, &sec); err != nil {
+					return fmt.Errorf("pod %s: volume %s: %w", pod.Name, m.Name, err)
+				}
+				for _, it := range src.Secret.Items {
+					v, ok := sec.Data[it.Key]
+					if !ok {
+						return fmt.Errorf("pod %s: volume %s: the Secret %s has no key %s", pod.Name, m.Name, sec.Name, it.Key)
+					}
+					files[it.Path] = v
+				}
+			}
+		}
+		if err := os.MkdirAll(m.MountPath, 0o755); err != nil {
+			return err
+		}
+		for name, b := range files {
+			// Atomically, as the kubelet swaps its files: another pod's agent may be reading.
+			tmp, err := os.CreateTemp(m.MountPath, ".tmp-")
+			if err != nil {
+				return err
+			}
+			_, werr := tmp.Write(b)
+			cerr := tmp.Close()
+			if err := errors.Join(werr, cerr, os.Chmod(tmp.Name(), 0o644), os.Rename(tmp.Name(), filepath.Join(m.MountPath, name))); err != nil {
+				_ = os.Remove(tmp.Name())
+				return err
+			}
+		}
 	}
 	return nil
 }

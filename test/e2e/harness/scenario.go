@@ -20,6 +20,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/tlstest"
 )
 
 // Env is what scenarios share: the control plane, the binaries and the loopback addresses.
@@ -68,6 +69,10 @@ type ScenarioConfig struct {
 	// Bootstrap starts every agent with --bootstrap: the quota's downstream at its safe default
 	// (limit × factor / maxReplicas), as a pod configured to work without a manager would.
 	Bootstrap bool
+	// UpstreamTLS serves the test downstream over TLS with a private CA: the quota's
+	// spec.upstreamTLS names the CA's ConfigMap, which the webhook mounts into the agents and
+	// the "kubelet" materializes (kubelet.go, mountProjected).
+	UpstreamTLS bool
 	// NoMonitor skips the invariant monitor.
 	NoMonitor bool
 	// MonitorHz (default 25).
@@ -164,7 +169,21 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	if err := e.CP.CreatePodNamespace(ctx, cfg.Namespace); err != nil {
 		return nil, err
 	}
-	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
+	var caPEM []byte
+	if cfg.UpstreamTLS {
+		ca, err := tlstest.NewCA("e2e partner CA")
+		if err != nil {
+			return nil, err
+		}
+		leaf, err := ca.Issue(tlstest.LeafOptions{Names: []string{"127.0.0.1"}})
+		if err != nil {
+			return nil, err
+		}
+		caPEM = ca.PEM
+		if s.DS, err = StartDownstreamTLS(int64(cfg.Limit), cfg.Latency, leaf.Cert); err != nil {
+			return nil, err
+		}
+	} else if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
 		return nil, err
 	}
 	watch := cfg.Namespace
@@ -195,6 +214,14 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	dq = dq.DeepCopy()
 	dq.Namespace, dq.ResourceVersion = cfg.Namespace, ""
 	dq.Spec.Upstream = s.DS.URL
+	if cfg.UpstreamTLS {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: dq.Name + "-ca", Namespace: cfg.Namespace},
+			Data: map[string]string{apportionv1.DefaultCAKey: string(caPEM)}}
+		if err := e.CP.Client.Create(ctx, cm); err != nil {
+			return nil, fmt.Errorf("creating the CA ConfigMap: %w", err)
+		}
+		dq.Spec.UpstreamTLS = &apportionv1.UpstreamTLS{CABundle: &apportionv1.ConfigMapKey{Name: cm.Name}}
+	}
 	s.Cfg.Quota = dq.Name
 	if err := e.CP.Client.Create(ctx, dq); err != nil {
 		return nil, fmt.Errorf("creating the DownstreamQuota: %w", err)
