@@ -301,3 +301,44 @@ func TestTLSRotationWithCallsInFlight(t *testing.T) {
 	t.Logf("unknown-ca answers during the rotation: %v",
 		metricValue(t, a.metrics, "apportion_agent_upstream_tls_failures_total", "downstream", "partner", "reason", "unknown-ca"))
 }
+
+// TestH2UpstreamOwnTLS: a call that came over HTTP/2 reaches an https upstream over HTTP/2 with
+// the downstream's own TLS settings (spec.upstreamTLS, no Options.UpstreamTLS): its private CA
+// and server name verified, ALPN h2; the same upstream with a CA the agent does not trust is
+// refused with the TLS failure's own code, as on the HTTP/1.1 path.
+func TestH2UpstreamOwnTLS(t *testing.T) {
+	p := newTLSPKI(t)
+	h := func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) }
+	up := &tlsUpstream{Server: httptest.NewUnstartedServer(http.HandlerFunc(h))}
+	up.EnableHTTP2 = true
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{p.server.Cert}}
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	other, err := tlstest.Mount(filepath.Join(p.dir, "other"), map[string][]byte{"ca.crt": p.other.PEM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, nil)
+	a.apply(t, nil,
+		tlsDownstream("partner", up.URL, &assignment.UpstreamTLS{CAFile: p.caFile, ServerName: "partner.test"}),
+		tlsDownstream("stranger", up.URL, &assignment.UpstreamTLS{CAFile: other["ca.crt"], ServerName: "partner.test"}))
+	c := h2cClient(t)
+	res, err := c.Get(a.srv.URL + "/partner/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "HTTP/2.0" {
+		t.Fatalf("h2 over the downstream's TLS: %d %q", res.StatusCode, b)
+	}
+	res, err = c.Get(a.srv.URL + "/stranger/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadGateway || !strings.Contains(string(b), "APPORTION_UPSTREAM_TLS_UNKNOWN_CA") {
+		t.Fatalf("h2 to an upstream whose CA the agent does not trust: %d %q", res.StatusCode, b)
+	}
+}
