@@ -24,6 +24,9 @@ const (
 	innerEnv = "APPORTION_NODE_INNER"
 	// baseEnv overrides where run directories live.
 	baseEnv = "APPORTION_NODE_DIR"
+	// laneEnv "short" runs the short lane `make test` runs (install, inject, scale step,
+	// failover, uninstall); anything else the whole walk (`make test-node`).
+	laneEnv = "APPORTION_NODE_LANE"
 )
 
 // baseDir holds one directory per run; on ext4/xfs, since containerd's overlayfs snapshots
