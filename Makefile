@@ -173,6 +173,10 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/
 
+.PHONY: node-up
+node-up: ## A real node for a walk by hand (docs/install.md, "A local node"): up with dist/images imported, held until Ctrl-C, then removed. Needs root.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 APPORTION_NODE_LANE=hold go test -count=1 -timeout=0 -v -run='^TestNode$$' ./test/node/
+
 .PHONY: bench
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./internal/... ./cmd/agent/

@@ -20,12 +20,22 @@ import (
 // network, in a network namespace of their own (see TestMain).
 func TestNode(t *testing.T) {
 	skipUnlessEnabled(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 28*time.Minute)
+	timeout := 28 * time.Minute
+	if os.Getenv(laneEnv) == "hold" {
+		timeout = 24 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	laneStart := time.Now()
-	defer func() { t.Logf("figure: node test (inner) %s in %s", os.Getenv(laneEnv), time.Since(laneStart).Round(time.Second)) }()
+	defer func() {
+		t.Logf("figure: node test (inner) %s in %s", os.Getenv(laneEnv), time.Since(laneStart).Round(time.Second))
+	}()
 	n := startNode(ctx, t)
 	t.Logf("figure: node up in %s", time.Since(laneStart).Round(time.Millisecond))
+	if os.Getenv(laneEnv) == "hold" {
+		holdNode(ctx, t, n)
+		return
+	}
 	j := startJudge(t, sampleLimit)
 	var installStart time.Time
 	var pods []corev1.Pod
