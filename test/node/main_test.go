@@ -81,7 +81,7 @@ func outer() (rc int) {
 			logf("%v", err)
 		}
 	}
-	logf("assets ready in %s", time.Since(start).Round(time.Millisecond))
+	logf("assets looked up in %s", time.Since(start).Round(time.Millisecond))
 	if missing := preflight(); len(missing) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: this machine cannot run the real-node lane (test/node):\n  - %s\n",
 			strings.Join(missing, "\n  - "))
