@@ -144,7 +144,7 @@ TEST_FIRST ?= ./test/e2e/
 test-prepare:
 	@mkdir -p $(LOCALBIN); : >$(PREPARE_LOG)
 	@{ hack/chromium.sh >/dev/null 2>>$(PREPARE_LOG) & } ; \
-	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster; } >/dev/null 2>>$(PREPARE_LOG) & }
+	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster && hack/envtest-assets.sh --node; } >/dev/null 2>>$(PREPARE_LOG) & }
 
 .PHONY: test
 test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz.
@@ -157,6 +157,7 @@ test-go:
 test-beside: lint vet-submodules
 	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 	$(MAKE) --no-print-directory fuzz FUZZ_WORKERS=1
+	$(MAKE) --no-print-directory test-node-short
 
 .PHONY: fuzz
 fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpora run as plain tests in go test ./...).
@@ -169,8 +170,17 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
+# The short real-node lane, the last step of `make test` (docs/benchmarks.md, "A real node"): on a
+# real kubelet and containerd, install -> inject -> scale step -> failover -> uninstall. It fetches
+# the node's assets itself (hack/envtest-assets.sh --node, started in the background by
+# test-prepare); on a machine that cannot run a node (not root, no overlayfs, no writable cgroups,
+# no network namespaces, an asset missing) it fails and names each thing missing.
+.PHONY: test-node-short
+test-node-short:
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" APPORTION_NODE=1 APPORTION_NODE_LANE=short go test -count=1 -timeout=30m -run='^TestNode$$' ./test/node/
+
 .PHONY: test-node
-test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
+test-node: ## The whole real-node lane (`make test` runs its short form): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it, then the Helm chart. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/
 
 .PHONY: node-up
