@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
+	"github.com/apportion/apportion/internal/assignment"
 	"github.com/apportion/apportion/internal/keys"
 )
 
@@ -45,6 +46,7 @@ const (
 func keyRotation(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
 	start := time.Now()
 	pods := gatewayPods(ctx, t, n, replicas)
+	checkRefusalCounted(ctx, t, pods[0])
 	before := map[string]float64{}
 	dataLinks := map[string]string{}
 	for _, p := range pods {
@@ -209,6 +211,34 @@ func (n *node) containerLog(ns, podPrefix, container string) string {
 		b.Write(data)
 	}
 	return b.String()
+}
+
+// checkRefusalCounted shows that the rotation's check can see a refused push: a control request
+// without credentials (GET /v1/state), refused with 401, raises the agent's
+// apportion_agent_rejected_pushes_total as read by rejectedPushes by exactly one.
+func checkRefusalCounted(ctx context.Context, t *testing.T, p corev1.Pod) {
+	t.Helper()
+	v0, err := rejectedPushes(ctx, p.Status.PodIP)
+	if err != nil {
+		t.Fatalf("agent of %s: %v", p.Name, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(p.Status.PodIP, "15000")+assignment.PathState, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("agent of %s: %v", p.Name, err)
+	}
+	_ = resp.Body.Close()
+	v1, err := rejectedPushes(ctx, p.Status.PodIP)
+	if err != nil {
+		t.Fatalf("agent of %s: %v", p.Name, err)
+	}
+	if resp.StatusCode != http.StatusUnauthorized || v1 != v0+1 {
+		t.Fatalf("agent of %s: an unsigned control request got %d and moved apportion_agent_rejected_pushes_total %v -> %v: want 401 and one more (else the rotation's check could not see a refusal)",
+			p.Name, resp.StatusCode, v0, v1)
+	}
 }
 
 // logLine says whether a line of log holds every one of parts.
