@@ -119,7 +119,8 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest, and kube-control
 ##@ Test
 
 # `make test` first starts the cached builds its tests need -- the envtest control plane, the
-# cluster mode's binaries (hack/envtest-assets.sh) and Debian's chromium (hack/chromium.sh) -- in
+# cluster mode's binaries, the real node's kubelet and Debian packages (hack/envtest-assets.sh)
+# and Debian's chromium (hack/chromium.sh) -- in
 # the background, so that on a fresh machine their downloads and long single-threaded links
 # overlap the checks' compiles instead of following them; the test step then asks the same
 # scripts for the paths, which waits on their locks until the builds are done (and reports a
@@ -136,8 +137,9 @@ PREPARE_LOG ?= $(LOCALBIN)/test-prepare.log
 # test-go, the main module's tests, with the short end-to-end suite named first (TEST_FIRST) so
 # that go test builds and starts it first -- about 6 minutes, mostly waiting on its processes,
 # beside the other packages' tests -- and test-beside, one step after another on the CPU that
-# suite leaves idle: lint, the submodules' vet and tests, and the bounded fuzzing with one
-# worker per target. On a cold run that takes lint and fuzz off the path the suite waits on.
+# suite leaves idle: lint, the submodules' vet and tests, the bounded fuzzing with one worker per
+# target, and last the short real-node lane (test-node-short, mostly waiting on its kubelet).
+# On a cold run that takes lint and fuzz off the path the suite waits on.
 TEST_FIRST ?= ./test/e2e/
 
 .PHONY: test-prepare
@@ -147,7 +149,7 @@ test-prepare:
 	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster && hack/envtest-assets.sh --node; } >/dev/null 2>>$(PREPARE_LOG) & }
 
 .PHONY: test
-test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz.
+test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz, the short real-node lane (needs root).
 	CGO_ENABLED=0 go build -trimpath ./cmd/...
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-go test-beside
 
