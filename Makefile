@@ -119,7 +119,8 @@ envtest: ## Build kube-apiserver, etcd and kubectl for envtest, and kube-control
 ##@ Test
 
 # `make test` first starts the cached builds its tests need -- the envtest control plane, the
-# cluster mode's binaries (hack/envtest-assets.sh) and Debian's chromium (hack/chromium.sh) -- in
+# cluster mode's binaries, the real node's kubelet and Debian packages (hack/envtest-assets.sh)
+# and Debian's chromium (hack/chromium.sh) -- in
 # the background, so that on a fresh machine their downloads and long single-threaded links
 # overlap the checks' compiles instead of following them; the test step then asks the same
 # scripts for the paths, which waits on their locks until the builds are done (and reports a
@@ -136,18 +137,19 @@ PREPARE_LOG ?= $(LOCALBIN)/test-prepare.log
 # test-go, the main module's tests, with the short end-to-end suite named first (TEST_FIRST) so
 # that go test builds and starts it first -- about 6 minutes, mostly waiting on its processes,
 # beside the other packages' tests -- and test-beside, one step after another on the CPU that
-# suite leaves idle: lint, the submodules' vet and tests, and the bounded fuzzing with one
-# worker per target. On a cold run that takes lint and fuzz off the path the suite waits on.
+# suite leaves idle: lint, the submodules' vet and tests, the bounded fuzzing with one worker per
+# target, and last the short real-node lane (test-node-short, mostly waiting on its kubelet).
+# On a cold run that takes lint and fuzz off the path the suite waits on.
 TEST_FIRST ?= ./test/e2e/
 
 .PHONY: test-prepare
 test-prepare:
 	@mkdir -p $(LOCALBIN); : >$(PREPARE_LOG)
 	@{ hack/chromium.sh >/dev/null 2>>$(PREPARE_LOG) & } ; \
-	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster; } >/dev/null 2>>$(PREPARE_LOG) & }
+	{ { hack/envtest-assets.sh && hack/envtest-assets.sh --cluster && hack/envtest-assets.sh --node; } >/dev/null 2>>$(PREPARE_LOG) & }
 
 .PHONY: test
-test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz.
+test: test-prepare verify fmt vet-main ## The whole suite: checks, unit, envtest, agent integration, images, installer, chart, demo report in Chromium, short e2e, lint, bounded fuzz, the short real-node lane (needs root).
 	CGO_ENABLED=0 go build -trimpath ./cmd/...
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-go test-beside
 
@@ -157,6 +159,7 @@ test-go:
 test-beside: lint vet-submodules
 	for m in $(SUBMODULES); do (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 	$(MAKE) --no-print-directory fuzz FUZZ_WORKERS=1
+	$(MAKE) --no-print-directory test-node-short
 
 .PHONY: fuzz
 fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpora run as plain tests in go test ./...).
@@ -169,9 +172,22 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
+# The short real-node lane, the last step of `make test` (docs/benchmarks.md, "A real node"): on a
+# real kubelet and containerd, install -> inject -> scale step -> failover -> uninstall. It fetches
+# the node's assets itself (hack/envtest-assets.sh --node, started in the background by
+# test-prepare); on a machine that cannot run a node (not root, no overlayfs, no writable cgroups,
+# no network namespaces, an asset missing) it fails and names each thing missing.
+.PHONY: test-node-short
+test-node-short:
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" APPORTION_NODE=1 APPORTION_NODE_LANE=short go test -count=1 -timeout=30m -run='^TestNode$$' ./test/node/
+
 .PHONY: test-node
-test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
+test-node: ## The whole real-node lane (`make test` runs its short form): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it, then the Helm chart. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/
+
+.PHONY: node-up
+node-up: ## A real node for a walk by hand (docs/install.md, "A local node"): up with dist/images imported, held until Ctrl-C, then removed. Needs root.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 APPORTION_NODE_LANE=hold go test -count=1 -timeout=0 -v -run='^TestNode$$' ./test/node/
 
 .PHONY: bench
 bench: ## Benchmarks that print figures (semaphore, proxy overhead, CPU, apportioning, webhook admission).

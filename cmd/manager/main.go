@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -342,6 +343,16 @@ func run(args []string) error {
 	}
 	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		return err
+	}
+	// Too old a cluster fails elsewhere (pods refused, the trust guard missing); say so here.
+	if dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig()); err != nil {
+		setupLog.Error(err, "cannot check the Kubernetes version")
+	} else if info, err := dc.ServerVersion(); err != nil {
+		setupLog.Error(err, "cannot check the Kubernetes version")
+	} else if err := checkServerVersion(info); err != nil {
+		setupLog.Error(err, "unsupported Kubernetes version", "version", info.GitVersion, "minimum", minKubernetes)
+	} else {
+		setupLog.Info("Kubernetes version", "version", info.GitVersion, "minimum", minKubernetes)
 	}
 	setupLog.Info("starting manager", "managerNamespace", o.managerNamespace, "leaseTTL", o.leaseTTL, "renewEvery", o.renewEvery)
 	return mgr.Start(ctx)

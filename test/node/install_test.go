@@ -62,6 +62,15 @@ func installManager(ctx context.Context, t *testing.T, n *node) time.Time {
 	} else {
 		t.Logf("kubectl apply -f dist/install.yaml:\n%s", strings.TrimSpace(out))
 	}
+	waitManagers(ctx, t, n)
+	t.Logf("figure: kubectl apply -> 2 manager replicas Ready in %s", time.Since(start).Round(time.Millisecond))
+	return start
+}
+
+// waitManagers waits for both manager replicas to be Ready on the node, each with its
+// ServiceAccount's token and the manager image, and one of them holding the leader lease.
+func waitManagers(ctx context.Context, t *testing.T, n *node) {
+	t.Helper()
 	var d appsv1.Deployment
 	waitFor(ctx, t, 4*time.Minute, "two manager replicas Ready", func() (bool, error) {
 		if err := n.c.Get(ctx, types.NamespacedName{Namespace: system, Name: managerName}, &d); err != nil {
@@ -70,7 +79,6 @@ func installManager(ctx context.Context, t *testing.T, n *node) time.Time {
 		failIfCrashing(ctx, t, n, system)
 		return d.Status.ReadyReplicas == 2 && d.Status.UpdatedReplicas == 2, nil
 	})
-	t.Logf("figure: kubectl apply -> 2 manager replicas Ready in %s", time.Since(start).Round(time.Millisecond))
 	var pods corev1.PodList
 	if err := n.c.List(ctx, &pods, client.InNamespace(system), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil {
 		t.Fatal(err)
@@ -113,7 +121,6 @@ func installManager(ctx context.Context, t *testing.T, n *node) time.Time {
 		}
 		return false, nil
 	})
-	return start
 }
 
 // sampleManifest is config/samples' quota, Deployment and HPA with what a machine without a
@@ -186,13 +193,19 @@ func sampleManifest(t *testing.T, upstream string, replicas int64, concurrency i
 // with the agent injected as a native sidecar that the kubelet started and probed before the
 // app. It returns the Ready pods.
 func injectedApps(ctx context.Context, t *testing.T, n *node, installStart time.Time, upstream string, replicas int64, concurrency int) []corev1.Pod {
-	for _, args := range [][]string{
-		{"create", "namespace", "shop"},
-		{"label", "namespace", "shop", "apportion.io/injection=enabled"},
-	} {
-		if _, err := n.kubectl(ctx, args...); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := n.kubectl(ctx, "create", "namespace", "shop"); err != nil {
+		t.Fatal(err)
+	}
+	applyAt := applySample(ctx, t, n, upstream, replicas, concurrency)
+	return waitInjected(ctx, t, n, installStart, applyAt, replicas)
+}
+
+// applySample labels namespace shop for injection and applies the adapted sample to it; it
+// returns when it applied it.
+func applySample(ctx context.Context, t *testing.T, n *node, upstream string, replicas int64, concurrency int) time.Time {
+	t.Helper()
+	if _, err := n.kubectl(ctx, "label", "namespace", "shop", "apportion.io/injection=enabled"); err != nil {
+		t.Fatal(err)
 	}
 	manifest := filepath.Join(n.dir, "sample.yaml")
 	if err := os.WriteFile(manifest, sampleManifest(t, upstream, replicas, concurrency), 0o644); err != nil {
@@ -204,6 +217,14 @@ func injectedApps(ctx context.Context, t *testing.T, n *node, installStart time.
 	} else {
 		t.Logf("kubectl apply (config/samples, adapted):\n%s", strings.TrimSpace(out))
 	}
+	return applyAt
+}
+
+// waitInjected waits for replicas app pods of the sample, each Ready with the agent injected
+// as a native sidecar that the kubelet started and probed before the app (checkInjected), and
+// returns them; installStart and applyAt date its figures.
+func waitInjected(ctx context.Context, t *testing.T, n *node, installStart, applyAt time.Time, replicas int64) []corev1.Pod {
+	t.Helper()
 	agentReadyAt := map[string]time.Time{}
 	var firstReady time.Time
 	var pods corev1.PodList
@@ -225,11 +246,12 @@ func injectedApps(ctx context.Context, t *testing.T, n *node, installStart time.
 					}
 				}
 			}
+			injected := len(p.Spec.InitContainers) > 0 && p.Spec.InitContainers[0].Name == agentContainer
 			// The agent's readiness (permits granted) gates the pod's.
-			if podReady(p) && !agentReady {
+			if injected && podReady(p) && !agentReady {
 				t.Errorf("pod %s is Ready while its agent is not", p.Name)
 			}
-			if podReady(p) && p.DeletionTimestamp == nil {
+			if podReady(p) && p.DeletionTimestamp == nil && injected {
 				ready++
 				if firstReady.IsZero() {
 					firstReady = time.Now()
@@ -238,7 +260,7 @@ func injectedApps(ctx context.Context, t *testing.T, n *node, installStart time.
 		}
 		return ready == int(replicas) && len(pods.Items) == int(replicas), nil
 	})
-	t.Logf("figure: kubectl apply -f dist/install.yaml -> first injected pod Ready: %s (sample applied -> first Ready: %s)",
+	t.Logf("figure: install -> first injected pod Ready: %s (sample applied -> first Ready: %s)",
 		firstReady.Sub(installStart).Round(time.Millisecond), firstReady.Sub(applyAt).Round(time.Millisecond))
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -335,20 +357,21 @@ func failIfCrashing(ctx context.Context, t *testing.T, n *node, ns string) {
 // Apportion is left and nothing depends on it: no CRD, webhook configuration, namespace or trust
 // ConfigMap; the rolled workload's pods run without an agent and are Ready.
 func uninstall(ctx context.Context, t *testing.T, n *node, j *judge, replicas int) {
+	uninstallWith(ctx, t, n, j, replicas, "kubectl delete -f dist/install.yaml", func() {
+		n.kubectlAll(ctx, t, []string{"delete", "-f", filepath.Join(repoRoot(), "dist/install.yaml"), "--timeout=3m"})
+	})
+}
+
+// uninstallWith is "Uninstalling" with remove as the step that removes the installation.
+func uninstallWith(ctx context.Context, t *testing.T, n *node, j *judge, replicas int, how string, remove func()) {
 	start := time.Now()
-	for _, args := range [][]string{
-		{"delete", "downstreamquotas,degraderules", "--all", "-A"},
-		{"label", "namespace", "shop", "apportion.io/injection-"},
-		{"delete", "-f", filepath.Join(repoRoot(), "dist/install.yaml"), "--timeout=3m"},
-		{"-n", "shop", "rollout", "restart", "deployment/gateway"},
-		{"delete", "configmap", "-A", "-l", "apportion.io/trust=true"},
-	} {
-		if out, err := n.kubectl(ctx, args...); err != nil {
-			t.Fatal(err)
-		} else {
-			t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(out))
-		}
-	}
+	n.kubectlAll(ctx, t,
+		[]string{"delete", "downstreamquotas,degraderules", "--all", "-A"},
+		[]string{"label", "namespace", "shop", "apportion.io/injection-"})
+	remove()
+	n.kubectlAll(ctx, t,
+		[]string{"-n", "shop", "rollout", "restart", "deployment/gateway"},
+		[]string{"delete", "configmap", "-A", "-l", "apportion.io/trust=true"})
 	waitFor(ctx, t, 3*time.Minute, "namespace apportion-system gone", func() (bool, error) {
 		err := n.c.Get(ctx, types.NamespacedName{Name: system}, &corev1.Namespace{})
 		return err != nil && client.IgnoreNotFound(err) == nil, nil
@@ -370,8 +393,8 @@ func uninstall(ctx context.Context, t *testing.T, n *node, j *judge, replicas in
 		}
 		return true, nil
 	})
-	t.Logf("figure: uninstall (docs/install.md) -> workload rolled without agents in %s", time.Since(start).Round(time.Millisecond))
-	left, err := n.kubectl(ctx, "get", "crd,mutatingwebhookconfigurations,validatingwebhookconfigurations,clusterroles,clusterrolebindings", "-o", "name")
+	t.Logf("figure: uninstall (docs/install.md, %s) -> workload rolled without agents in %s", how, time.Since(start).Round(time.Millisecond))
+	left, err := n.kubectl(ctx, "get", "crd,mutatingwebhookconfigurations,validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings,clusterroles,clusterrolebindings", "-o", "name")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,5 +414,17 @@ func uninstall(ctx context.Context, t *testing.T, n *node, j *judge, replicas in
 	t.Logf("figure: whole lane: judge peak %d, %d served, %d × 429", peak, ok, over)
 	if peak > j.limit || over != 0 {
 		t.Errorf("judge peak %d (limit %d), %d × 429", peak, j.limit, over)
+	}
+}
+
+// kubectlAll runs each kubectl command in turn, logging its output, failing t at the first error.
+func (n *node) kubectlAll(ctx context.Context, t *testing.T, cmds ...[]string) {
+	t.Helper()
+	for _, args := range cmds {
+		out, err := n.kubectl(ctx, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(out))
 	}
 }

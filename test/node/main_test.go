@@ -24,6 +24,10 @@ const (
 	innerEnv = "APPORTION_NODE_INNER"
 	// baseEnv overrides where run directories live.
 	baseEnv = "APPORTION_NODE_DIR"
+	// laneEnv "short" runs the short lane `make test` runs (install, inject, scale step,
+	// failover, uninstall); "hold" brings the node up and holds it for a walk by hand
+	// (`make node-up`); anything else the whole walk (`make test-node`).
+	laneEnv = "APPORTION_NODE_LANE"
 )
 
 // baseDir holds one directory per run; on ext4/xfs, since containerd's overlayfs snapshots
@@ -69,6 +73,15 @@ func logf(format string, args ...any) {
 
 func outer() (rc int) {
 	start := time.Now()
+	for _, a := range []struct{ env, flag string }{
+		{"KUBEBUILDER_ASSETS", ""}, {"E2E_CLUSTER_ASSETS", "--cluster"}, {"NODE_ASSETS", "--node"},
+	} {
+		if err := ensureAssets(a.env, a.flag); err != nil {
+			// preflight names what is then missing.
+			logf("%v", err)
+		}
+	}
+	logf("assets looked up in %s", time.Since(start).Round(time.Millisecond))
 	if missing := preflight(); len(missing) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: this machine cannot run the real-node lane (test/node):\n  - %s\n",
 			strings.Join(missing, "\n  - "))
@@ -153,4 +166,24 @@ func outer() (rc int) {
 	}
 	logf("lane done in %s (outer exit %d)", time.Since(start).Round(time.Millisecond), rc)
 	return rc
+}
+
+// ensureAssets sets env to what `hack/envtest-assets.sh flag` prints when it is unset, so that
+// `go test ./...` (make test) needs no variable: the script builds what is missing (or waits
+// for the build make test started in the background) and answers in a second when it is cached.
+func ensureAssets(env, flag string) error {
+	if os.Getenv(env) != "" {
+		return nil
+	}
+	args := []string{filepath.Join(repoRoot(), "hack", "envtest-assets.sh")}
+	if flag != "" {
+		args = append(args, flag)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("hack/envtest-assets.sh %s: %w", flag, err)
+	}
+	return os.Setenv(env, strings.TrimSpace(string(out)))
 }

@@ -5,6 +5,7 @@ package node
 import (
 	"context"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -19,32 +20,56 @@ import (
 // network, in a network namespace of their own (see TestMain).
 func TestNode(t *testing.T) {
 	skipUnlessEnabled(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	timeout := 28 * time.Minute
+	if os.Getenv(laneEnv) == "hold" {
+		timeout = 24 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	laneStart := time.Now()
+	defer func() {
+		t.Logf("figure: node test (inner) %s in %s", os.Getenv(laneEnv), time.Since(laneStart).Round(time.Second))
+	}()
 	n := startNode(ctx, t)
 	t.Logf("figure: node up in %s", time.Since(laneStart).Round(time.Millisecond))
+	if os.Getenv(laneEnv) == "hold" {
+		holdNode(ctx, t, n)
+		return
+	}
 	j := startJudge(t, sampleLimit)
 	var installStart time.Time
 	var pods []corev1.Pod
 
-	steps := []struct {
+	short := os.Getenv(laneEnv) == "short"
+	type step struct {
 		name string
 		run  func(t *testing.T)
-	}{
-		{"plain pod", func(t *testing.T) { plainPod(ctx, t, n) }},
-		{"ctr images import dist/images", func(t *testing.T) { importUserImages(ctx, t, n) }},
-		{"kubectl apply -f dist/install.yaml", func(t *testing.T) { installStart = installManager(ctx, t, n) }},
+		// inShort: the step is part of the short lane (`make test`).
+		inShort bool
+	}
+	steps := []step{
+		{"plain pod", func(t *testing.T) { plainPod(ctx, t, n) }, false},
+		{"ctr images import dist/images", func(t *testing.T) { importUserImages(ctx, t, n) }, true},
+		{"kubectl apply -f dist/install.yaml", func(t *testing.T) { installStart = installManager(ctx, t, n) }, true},
 		{"injected sample pods", func(t *testing.T) {
 			pods = injectedApps(ctx, t, n, installStart, j.url(), sampleReplicas, sampleConcurrency)
-		}},
-		{"traffic through the agents", func(t *testing.T) { traffic(ctx, t, n, j, pods) }},
-		{"scale step 2 -> 3 under traffic", func(t *testing.T) { scaleStep(ctx, t, n, j, sampleReplicas+1) }},
-		{"leader failover under traffic", func(t *testing.T) { failover(ctx, t, n, j, sampleReplicas+1) }},
-		{"rolling update under traffic", func(t *testing.T) { rollingUpdate(ctx, t, n, j, sampleReplicas+1) }},
-		{"uninstall", func(t *testing.T) { uninstall(ctx, t, n, j, sampleReplicas+1) }},
+		}, true},
+		{"traffic through the agents", func(t *testing.T) { traffic(ctx, t, n, j, pods) }, false},
+		{"the agent's readiness gates the pod's", func(t *testing.T) { agentGatesReady(ctx, t, n, sampleReplicas) }, false},
+		{"scale step 2 -> 3 under traffic", func(t *testing.T) { scaleStep(ctx, t, n, j, sampleReplicas+1) }, true},
+		{"leader failover under traffic", func(t *testing.T) { failover(ctx, t, n, j, sampleReplicas+1) }, true},
+		{"rolling update under traffic", func(t *testing.T) { rollingUpdate(ctx, t, n, j, sampleReplicas+1) }, false},
+		{"signing-key rotation under traffic", func(t *testing.T) { keyRotation(ctx, t, n, j, sampleReplicas+1) }, false},
+		{"uninstall", func(t *testing.T) { uninstall(ctx, t, n, j, sampleReplicas+1) }, true},
+		{"helm install, inject, scale step, helm uninstall", func(t *testing.T) { helmWalk(ctx, t, n, j, sampleReplicas+1) }, false},
+	}
+	if short {
+		t.Logf("the short lane (%s=short): install, inject, scale step, failover, uninstall", laneEnv)
 	}
 	for _, s := range steps {
+		if short && !s.inShort {
+			continue
+		}
 		// Each step needs the one before it: stop at the first that fails.
 		if !t.Run(s.name, s.run) {
 			return
