@@ -50,6 +50,7 @@ func TestLedgerProperty(t *testing.T) {
 		total.batched += st.batched
 		total.lies += st.lies
 		total.refuted += st.refuted
+		total.early += st.early
 	}
 	// The runs must start renewals together as the engine does to sign them in a batch
 	// (core.startRenewals), and have claims of a newer epoch refuted, else they would check
@@ -60,8 +61,12 @@ func TestLedgerProperty(t *testing.T) {
 	if total.refuted == 0 {
 		t.Fatalf("%d runs refuted no claim of a newer epoch (%d lies)", seeds, total.lies)
 	}
-	t.Logf("%d renewals started together with another, %d answers claiming a newer epoch (%d refuted by the record) over %d runs",
-		total.batched, total.lies, total.refuted, seeds)
+	// And raise pods after a recovery window closed early, else the early close goes unchecked.
+	if total.early == 0 {
+		t.Fatalf("%d runs raised nobody in a recovery window that closed early", seeds)
+	}
+	t.Logf("%d renewals started together with another, %d answers claiming a newer epoch (%d refuted by the record), %d raises after a recovery window closed early over %d runs",
+		total.batched, total.lies, total.refuted, total.early, seeds)
 }
 
 // TestQuietRenewalProperty checks the renewal fast path (core.quietRenewal) over the same random
@@ -108,6 +113,9 @@ type propPod struct {
 // Engine.signTogether does), answers claiming a newer epoch and claims the record refuted.
 type propStats struct {
 	quiet, batched, lies, refuted int
+	// early counts plans that raised a pod after a manager restart's recovery window closed
+	// early (ledger.settled), before its full length (recoverUntil).
+	early int
 }
 
 // propAgent is a pod's agent across process restarts; calls of older processes keep running.
@@ -146,6 +154,10 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		o.RetryMax = time.Duration(1+rng.IntN(3)) * time.Second
 	})
 	limit := int32(8 + rng.IntN(40))
+	// The quota's request timeout: short ones let a new manager's recovery window close early
+	// (ledger.settled) long before its full length, while pushes of the previous manager may
+	// still land and its leases still hold; the long one leaves little between the two.
+	rt := []time.Duration{time.Second, 3 * time.Second, hRT}[rng.IntN(3)]
 	var (
 		pods     []*propPod
 		agents   = map[string]*propAgent{}
@@ -206,6 +218,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		}
 		if raised && sum > int64(lim) {
 			fail("a grant raised the ledger to %d > limit %d", sum, lim)
+		}
+		if q := h.c.quotas[key]; raised && !recovering && q != nil && h.now.Before(h.c.ledger.recoverUntil(q)) {
+			stats.early++ // a raise after the recovery window closed early
 		}
 	}
 	h.c.ledger.afterPlan = planHook
@@ -272,7 +287,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	}
 	desired := func() DesiredQuota {
 		d := DesiredQuota{Key: qKey, UID: types.UID(fmt.Sprintf("dq-%d", uidN)), Limit: limit, Downstream: template("q")}
-		d.Downstream.RequestTimeout = assignment.Duration(hRT)
+		d.Downstream.RequestTimeout = assignment.Duration(rt)
 		var live []*propPod
 		for _, p := range pods {
 			if p.listed && !p.terminating {
@@ -459,7 +474,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				if ag.cur.inFlight("q", h.now) >= ag.cur.limit("q", h.now) {
 					break
 				}
-				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(hRT))))
+				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(rt))))
 				ag.calls = append(ag.calls, propCall{proc: ag.proc, inc: ag.cur.inc["q"], end: end})
 				ag.cur.calls = append(ag.cur.calls, modelCall{ds: "q", end: end})
 				ag.cur.requests["q"]++
@@ -568,9 +583,14 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			}
 			// The old manager stops (its requests may still land); a new one starts a little
 			// later with a new epoch and learns everything again.
+			// Some land as late as they may (sentAt + land window), when the new manager may
+			// have probed the pod already and may close its recovery window early.
 			for _, p := range inflight {
 				if p.w.kind == kindPush && rng.IntN(2) == 0 {
-					at := h.now.Add(time.Duration(rng.Int64N(int64(p.w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
+					at := p.w.sentAt.Add(hPT + hAG)
+					if rng.IntN(2) == 0 {
+						at = h.now.Add(time.Duration(rng.Int64N(int64(at.Sub(h.now)) + 1)))
+					}
 					landings = append(landings, landing{at: at, endpoint: p.w.to.URL, proc: p.proc, a: p.w.assignment})
 				}
 			}
@@ -578,7 +598,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			h.c = newCore(&h.o, nil)
 			h.c.ledger.afterPlan = planHook
 			h.c.onQuiet = quietHook
-			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
+			if rng.IntN(2) == 0 { // else the new manager starts at once (leader election handed over)
+				tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
+			}
 			epoch += int64(1 + rng.IntN(3))
 			setQ()
 			h.c.begin(epoch, h.now)
