@@ -165,9 +165,9 @@ func TestRecoveryWaitsForAPodThatNeverAnswered(t *testing.T) {
 // (With ledger.entrySettled taking any answer as settled — an early close while a pod has
 // answered but not acknowledged — seeds fail: the raise lands beside the room handed out; so
 // they do when ledger.settled does not wait a request timeout after the quota was first listed.)
-// PROP_SEEDS=n runs n seeds (default 300).
+// PROP_SEEDS=n runs n seeds (default 200).
 func TestEarlyCloseProperty(t *testing.T) {
-	seeds := 300
+	seeds := 200
 	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
 		seeds = n
 	}

@@ -73,9 +73,9 @@ func TestLedgerProperty(t *testing.T) {
 // window closes early (ledger.settled, docs/protocol.md Lemma 8): frequent manager restarts, a
 // short request timeout, and the previous manager's pushes landing as late as they may, after
 // the new one probed the pod. The runs must raise pods after an early close.
-// PROP_SEEDS=n runs n seeds (default 100; 20 with -short).
+// PROP_SEEDS=n runs n seeds (default 60; 20 with -short).
 func TestLedgerPropertyHandover(t *testing.T) {
-	seeds := 100
+	seeds := 60
 	if testing.Short() {
 		seeds = 20
 	}
