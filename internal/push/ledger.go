@@ -77,7 +77,8 @@ func (l *ledger) recovering(q *quotaState, now time.Time) bool {
 //     a pod is deleted only after its processes stopped (a force-deleted pod whose process lives
 //     on is outside the model, §12), so by listedAt + the quota's longest request timeout;
 //   - no released entry left a bound behind (blockUntil, set by regrant);
-//   - and every entry is settled (entrySettled).
+//   - every entry is settled (entrySettled);
+//   - and Σ counted, after the plan's lowerings, fits in the limit (else nobody could be raised).
 //
 // When it is not, it returns the earliest later time at which a timed condition may change
 // (zero if none does by itself: the rest changes with an agent's answer, which replans).
@@ -92,10 +93,21 @@ func (l *ledger) settled(q *quotaState, now time.Time) (bool, time.Time) {
 	if !wake.IsZero() {
 		return false, wake
 	}
+	var sum int64
 	for _, e := range q.entryList() {
 		if ok, at := l.entrySettled(e, now); !ok {
 			return false, at
 		}
+		// What the entry counts once the plan has made its lowerings (planner.go).
+		h, ph, carry, _ := l.held(e, now)
+		sum += int64(carry) + int64(max(h, ph, min(e.grant, max(l.target(e), 0))))
+	}
+	// A ledger above the limit (what it still counts of the previous manager as a bound) leaves no
+	// room to raise anyone anyway; the window stays open until it fits, so that a quota out of
+	// recovery always shows Σ counted ≤ limit (its status, the end-to-end monitor), as at the full
+	// window's end. held's timers replan the quota when its bounds drop.
+	if sum > int64(q.desired.Limit) {
+		return false, time.Time{}
 	}
 	return true, time.Time{}
 }
