@@ -13,7 +13,7 @@ import (
 func (c *core) setQuota(d DesiredQuota, now time.Time) {
 	q := c.quotas[d.Key]
 	if q == nil {
-		q = &quotaState{key: d.Key, uid: d.UID, entries: map[types.UID]*entry{}}
+		q = &quotaState{key: d.Key, uid: d.UID, entries: map[types.UID]*entry{}, listedAt: now}
 		c.quotas[d.Key] = q
 	}
 	if q.deleted || (d.UID != "" && q.uid != "" && d.UID != q.uid) {

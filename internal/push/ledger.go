@@ -49,14 +49,104 @@ func (l *ledger) begin(epoch int64, now time.Time) {
 	l.epoch, l.started, l.startedAt = epoch, true, now
 }
 
-// recoverUntil is when a quota's recovery window ends: a lease the previous manager started
-// just before this one started has lapsed and its calls have ended.
+// recoverUntil is when a quota's recovery window ends at the latest: a lease the previous
+// manager started just before this one started has lapsed and its calls have ended.
 func (l *ledger) recoverUntil(q *quotaState) time.Time {
 	return l.foreignLeaseEnd().Add(q.maxRequestTimeout)
 }
 
+// recovering says whether q is in its recovery window: nobody is raised above what it surely
+// holds. The window closes at recoverUntil, or earlier once the ledger knows every holding of
+// the quota a previous manager may have left (settled, docs/protocol.md §8, Lemma 8).
 func (l *ledger) recovering(q *quotaState, now time.Time) bool {
-	return !l.started || now.Before(l.recoverUntil(q))
+	if !l.started {
+		return true
+	}
+	if !now.Before(l.recoverUntil(q)) {
+		return false
+	}
+	settled, _ := l.settled(q, now)
+	return !settled
+}
+
+// settled says whether the ledger of q bounds, now and later, everything a previous manager may
+// have left at the quota's pods, so that its recovery window may close before recoverUntil
+// (docs/protocol.md §8, "Closing early", and Lemma 8). That holds once
+//
+//   - the calls of every pod deleted before this engine first listed the quota have ended:
+//     a pod is deleted only after its processes stopped (a force-deleted pod whose process lives
+//     on is outside the model, §12), so by listedAt + the quota's longest request timeout;
+//   - no released entry left a bound behind (blockUntil, set by regrant);
+//   - every entry is settled (entrySettled);
+//   - and Σ counted, after the plan's lowerings, fits in the limit (else nobody could be raised).
+//
+// When it is not, it returns the earliest later time at which a timed condition may change
+// (zero if none does by itself: the rest changes with an agent's answer, which replans).
+func (l *ledger) settled(q *quotaState, now time.Time) (bool, time.Time) {
+	var wake time.Time
+	if end := q.listedAt.Add(q.maxRequestTimeout); now.Before(end) {
+		wake = end
+	}
+	if now.Before(q.blockUntil) {
+		wake = maxTime(wake, q.blockUntil)
+	}
+	if !wake.IsZero() {
+		return false, wake
+	}
+	var sum int64
+	for _, e := range q.entryList() {
+		if ok, at := l.entrySettled(e, now); !ok {
+			return false, at
+		}
+		// What the entry counts once the plan has made its lowerings (planner.go).
+		h, ph, carry, _ := l.held(e, now)
+		sum += int64(carry) + int64(max(h, ph, min(e.grant, max(l.target(e), 0))))
+	}
+	// A ledger above the limit (what it still counts of the previous manager as a bound) leaves no
+	// room to raise anyone anyway; the window stays open until it fits, so that a quota out of
+	// recovery always shows Σ counted ≤ limit (its status, the end-to-end monitor), as at the full
+	// window's end. held's timers replan the quota when its bounds drop.
+	if sum > int64(q.desired.Limit) {
+		return false, time.Time{}
+	}
+	return true, time.Time{}
+}
+
+// entrySettled says whether what the entry counts bounds everything a previous manager may have
+// left at its pod, now and later, and if not, when that may change by time alone (zero: only
+// with an answer). The pod is settled when
+//
+//   - its agent reported holding this engine's epoch (an acknowledged push or a re-learned
+//     generation): from then on fencing refuses every push of an older epoch, and a push of the
+//     previous manager, sent before it stopped on a connection to the process that was running
+//     then, can never reach a later process of the pod (each one listens anew);
+//   - or its last answer came after foreignLandEnd: every push of the previous manager had landed
+//     or never would, so what it held of one is in that answer (foreignHold, counted until
+//     foreignLeaseEnd plus a request timeout, then its fallback);
+//   - or it never answered and no previous manager can have configured it (no endpoint, or its
+//     first one after foreignLandEnd: mayPredate); with --bootstrap it runs on its safe default,
+//     which the ledger counts;
+//   - or it is gone (no quota lists it) and a request timeout has passed since: its calls ended.
+//
+// A pod that answered before foreignLandEnd and has not acknowledged this epoch is probed again
+// at foreignLandEnd (scheduler), so it settles by then unless it cannot be reached; an unreachable
+// pod that never answered keeps the quota in recovery until recoverUntil.
+func (l *ledger) entrySettled(e *entry, now time.Time) (bool, time.Time) {
+	p := e.pod
+	if p.known && (p.lastEpoch == l.epoch || !p.reportAt.Before(l.foreignLandEnd())) {
+		return true, time.Time{}
+	}
+	if !p.known && (!p.hadEndpoint() || !l.mayPredate(p)) {
+		return true, time.Time{}
+	}
+	if !p.goneAt.IsZero() && !p.orphaned {
+		end := p.goneAt.Add(e.maxRequestTimeout)
+		if !now.Before(end) {
+			return true, time.Time{}
+		}
+		return false, end
+	}
+	return false, time.Time{}
 }
 
 // hold is what one version of a pod's assignment gives one downstream.
@@ -140,7 +230,14 @@ type quotaState struct {
 	maxRequestTimeout time.Duration // the longest the quota was ever given: recovery waits it out
 	entries           map[types.UID]*entry
 	resort            bool // entries changed since sorted was built
-	sorted            []*entry
+
+	// listedAt is when this engine first got the quota's pods: a pod deleted before then is not
+	// in its ledger, and its calls end a request timeout later (ledger.settled).
+	listedAt time.Time
+	// blockUntil: the recovery window stays open until then at least; an entry released while
+	// it was not settled left its bound here (releaseUnsettled).
+	blockUntil time.Time
+	sorted     []*entry
 
 	changeAt      time.Time // when the desired permits last changed
 	rebalancing   bool

@@ -50,6 +50,7 @@ func TestLedgerProperty(t *testing.T) {
 		total.batched += st.batched
 		total.lies += st.lies
 		total.refuted += st.refuted
+		total.early += st.early
 	}
 	// The runs must start renewals together as the engine does to sign them in a batch
 	// (core.startRenewals), and have claims of a newer epoch refuted, else they would check
@@ -60,8 +61,35 @@ func TestLedgerProperty(t *testing.T) {
 	if total.refuted == 0 {
 		t.Fatalf("%d runs refuted no claim of a newer epoch (%d lies)", seeds, total.lies)
 	}
-	t.Logf("%d renewals started together with another, %d answers claiming a newer epoch (%d refuted by the record) over %d runs",
-		total.batched, total.lies, total.refuted, seeds)
+	// And raise pods after a recovery window closed early, else the early close goes unchecked.
+	if total.early == 0 {
+		t.Fatalf("%d runs raised nobody in a recovery window that closed early", seeds)
+	}
+	t.Logf("%d renewals started together with another, %d answers claiming a newer epoch (%d refuted by the record), %d raises after a recovery window closed early over %d runs",
+		total.batched, total.lies, total.refuted, total.early, seeds)
+}
+
+// TestLedgerPropertyHandover runs TestLedgerProperty's checks where a new manager's recovery
+// window closes early (ledger.settled, docs/protocol.md Lemma 8): frequent manager restarts, a
+// short request timeout, and the previous manager's pushes landing as late as they may, after
+// the new one probed the pod. The runs must raise pods after an early close.
+// PROP_SEEDS=n runs n seeds (default 60; 20 with -short).
+func TestLedgerPropertyHandover(t *testing.T) {
+	seeds := 60
+	if testing.Short() {
+		seeds = 20
+	}
+	if n, err := strconv.Atoi(os.Getenv("PROP_SEEDS")); err == nil {
+		seeds = n
+	}
+	early := 0
+	for seed := range seeds {
+		early += runPropertyMode(t, uint64(2_000_000+seed), true).early
+	}
+	if early == 0 {
+		t.Fatalf("%d runs raised nobody in a recovery window that closed early", seeds)
+	}
+	t.Logf("%d raises after a recovery window closed early over %d runs", early, seeds)
 }
 
 // TestQuietRenewalProperty checks the renewal fast path (core.quietRenewal) over the same random
@@ -108,6 +136,9 @@ type propPod struct {
 // Engine.signTogether does), answers claiming a newer epoch and claims the record refuted.
 type propStats struct {
 	quiet, batched, lies, refuted int
+	// early counts plans that raised a pod after a manager restart's recovery window closed
+	// early (ledger.settled), before its full length (recoverUntil).
+	early int
 }
 
 // propAgent is a pod's agent across process restarts; calls of older processes keep running.
@@ -140,12 +171,28 @@ type pending struct {
 
 // runProperty runs one seed and returns what it exercised.
 func runProperty(t *testing.T, seed uint64) (stats propStats) {
+	return runPropertyMode(t, seed, false)
+}
+
+// runPropertyMode runs one seed; handover makes manager restarts frequent (one step in ten),
+// the quota's request timeout short (1 s) and the previous manager's pushes in the air land at
+// the end of their land window: the runs then dwell where a new manager's recovery window may
+// close early while pushes of the previous one can still land (TestLedgerPropertyHandover).
+func runPropertyMode(t *testing.T, seed uint64, handover bool) (stats propStats) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	h := newHarness(t, func(o *Options) {
 		o.UnreachableAfter = 1 + rng.IntN(3)
 		o.RetryMax = time.Duration(1+rng.IntN(3)) * time.Second
 	})
 	limit := int32(8 + rng.IntN(40))
+	// The quota's request timeout: short ones let a new manager's recovery window close early
+	// (ledger.settled) long before its full length, while pushes of the previous manager may
+	// still land and its leases still hold; the long one leaves little between the two.
+	rt := []time.Duration{time.Second, 3 * time.Second, hRT}[rng.IntN(3)]
+	restartBelow := 31 // the manager restarts when r (0..99) is in [30, restartBelow)
+	if handover {
+		rt, restartBelow = time.Second, 40
+	}
 	var (
 		pods     []*propPod
 		agents   = map[string]*propAgent{}
@@ -207,6 +254,9 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		if raised && sum > int64(lim) {
 			fail("a grant raised the ledger to %d > limit %d", sum, lim)
 		}
+		if q := h.c.quotas[key]; raised && !recovering && q != nil && h.now.Before(h.c.ledger.recoverUntil(q)) {
+			stats.early++ // a raise after the recovery window closed early
+		}
 	}
 	h.c.ledger.afterPlan = planHook
 	quietHook := func(p *podState, before, after []int32) {
@@ -263,7 +313,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		i := len(pods)
 		p := &propPod{born: h.now, name: fmt.Sprintf("p%d", i), uid: types.UID(fmt.Sprintf("uid-%d-%d", seed, i)), endpoint: fmt.Sprintf("http://p%d", i), hasIP: rng.IntN(4) > 0, listed: true,
 			sd:   rng.Int32N(limit/6 + 1), // a pod's safe default is stable (it changes with the spec only)
-			liar: rng.IntN(6) == 0}
+			liar: rng.IntN(6) == 0 && !handover}
 		liars[p.endpoint] = p.liar
 		pods = append(pods, p)
 		agents[p.endpoint] = &propAgent{cur: newModelAgent()}
@@ -272,7 +322,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 	}
 	desired := func() DesiredQuota {
 		d := DesiredQuota{Key: qKey, UID: types.UID(fmt.Sprintf("dq-%d", uidN)), Limit: limit, Downstream: template("q")}
-		d.Downstream.RequestTimeout = assignment.Duration(hRT)
+		d.Downstream.RequestTimeout = assignment.Duration(rt)
 		var live []*propPod
 		for _, p := range pods {
 			if p.listed && !p.terminating {
@@ -280,7 +330,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			}
 		}
 		budget := limit
-		if rng.IntN(3) > 0 {
+		if !handover && rng.IntN(3) > 0 { // with handover the desired permits take the whole limit: no slack hides an excess
 			budget = limit * int32(50+rng.IntN(51)) / 100
 		}
 		for _, p := range live {
@@ -395,7 +445,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 		}
 		r := rng.IntN(100)
 		switch {
-		case r < 2:
+		case r < 2 && !handover: // a lying pod is never settled: it would keep every early close away
 			return lie
 		case late && r < 40:
 			return lost
@@ -459,7 +509,7 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				if ag.cur.inFlight("q", h.now) >= ag.cur.limit("q", h.now) {
 					break
 				}
-				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(hRT))))
+				end := h.now.Add(time.Duration(1 + rng.Int64N(int64(rt))))
 				ag.calls = append(ag.calls, propCall{proc: ag.proc, inc: ag.cur.inc["q"], end: end})
 				ag.cur.calls = append(ag.cur.calls, modelCall{ds: "q", end: end})
 				ag.cur.requests["q"]++
@@ -561,16 +611,21 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 				ag.cur = newModelAgent()
 				ag.cur.started = h.now
 			}
-		case r < 31:
+		case r < restartBelow:
 			lastMsg = "manager restart"
 			if tracing {
 				t.Logf("  step %d manager restart", step)
 			}
 			// The old manager stops (its requests may still land); a new one starts a little
 			// later with a new epoch and learns everything again.
+			// Some land as late as they may (sentAt + land window), when the new manager may
+			// have probed the pod already and may close its recovery window early.
 			for _, p := range inflight {
 				if p.w.kind == kindPush && rng.IntN(2) == 0 {
-					at := h.now.Add(time.Duration(rng.Int64N(int64(p.w.sentAt.Add(hPT+hAG).Sub(h.now)) + 1)))
+					at := p.w.sentAt.Add(hPT + hAG)
+					if !handover && rng.IntN(2) == 0 {
+						at = h.now.Add(time.Duration(rng.Int64N(int64(at.Sub(h.now)) + 1)))
+					}
 					landings = append(landings, landing{at: at, endpoint: p.w.to.URL, proc: p.proc, a: p.w.assignment})
 				}
 			}
@@ -578,11 +633,24 @@ func runProperty(t *testing.T, seed uint64) (stats propStats) {
 			h.c = newCore(&h.o, nil)
 			h.c.ledger.afterPlan = planHook
 			h.c.onQuiet = quietHook
-			tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
+			if !handover && rng.IntN(2) == 0 { // else the new manager starts at once (leader election handed over)
+				tick(time.Duration(rng.Int64N(int64(2 * time.Second))))
+			}
 			epoch += int64(1 + rng.IntN(3))
 			setQ()
 			h.c.begin(epoch, h.now)
-		case r < 33:
+			if handover {
+				// The new manager reaches every agent it can at once: probes, then its own
+				// epoch's pushes, answered as any request is (some fail).
+				for range 2 {
+					for h.c.sched.hasReady() {
+						if w := h.c.startWork(h.c.sched.popReady(), h.now); w != nil {
+							complete(pending{w: w, c: h.c, dl: w.sentAt.Add(hPT), proc: agents[w.to.URL].proc}, randomOutcome(w.to.URL, false))
+						}
+					}
+				}
+			}
+		case r < max(33, restartBelow):
 			lastMsg = "epoch record read"
 			readRecord()
 		case r < 55:

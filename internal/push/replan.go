@@ -72,6 +72,9 @@ func (l *ledger) regrant(q *quotaState, entries []*entry, counts []int32, now ti
 	recovering := l.recovering(q, now)
 	if recovering {
 		next = minTime(next, l.recoverUntil(q))
+		if _, wake := l.settled(q, now); !wake.IsZero() {
+			next = minTime(next, wake)
+		}
 	}
 	grants := plan(q.desired.Limit, recovering, pe)
 	if l.afterPlan != nil {
@@ -86,6 +89,9 @@ func (l *ledger) regrant(q *quotaState, entries []*entry, counts []int32, now ti
 		pe[i].Grant = e.grant
 		counts[i] = pe[i].counted()
 		if !e.present && counts[i] == 0 {
+			if recovering {
+				l.releaseUnsettled(q, e, now)
+			}
 			delete(q.entries, e.pod.uid)
 			delete(e.pod.entries, q.key)
 			touched(e.pod)
@@ -97,6 +103,21 @@ func (l *ledger) regrant(q *quotaState, entries []*entry, counts []int32, now ti
 		q.resort = true
 	}
 	return next
+}
+
+// releaseUnsettled keeps, while q recovers, the bound of an entry about to be released that is not
+// settled (entrySettled): counting 0 does not show that the pod holds nothing of a previous
+// manager. A gone pod's calls end a request timeout after it went; one alive (it left this quota
+// only) may hold an unseen push of the previous manager until recoverUntil.
+func (l *ledger) releaseUnsettled(q *quotaState, e *entry, now time.Time) {
+	if ok, _ := l.entrySettled(e, now); ok {
+		return
+	}
+	until := l.recoverUntil(q)
+	if p := e.pod; !p.goneAt.IsZero() && !p.orphaned {
+		until = p.goneAt.Add(e.maxRequestTimeout)
+	}
+	q.blockUntil = maxTime(q.blockUntil, until)
 }
 
 func (l *ledger) planEntry(e *entry, h, ph, carry int32) planEntry {

@@ -91,7 +91,9 @@ type Report struct {
 	// Converged is true when every listed pod with an endpoint acknowledged its desired permits
 	// (0 for terminating pods).
 	Converged bool
-	// Recovering is true while a new manager waits out leases before raising anyone.
+	// Recovering is true while a new manager's recovery window is open (docs/protocol.md §8):
+	// it raises nobody above what it surely holds until it has waited out the previous manager's
+	// leases, or until its ledger knows every holding that manager may have left (closing early).
 	Recovering bool
 }
 

@@ -59,9 +59,13 @@ func TestScaleSteps(t *testing.T) {
 // while no manager serves the injection webhook (failurePolicy Fail: no pod of a target without
 // its agent); the harness retries their creation as the ReplicaSet controller does, so they come
 // up while the new manager starts.
+//
+// It prints the time from the new leader's start (its push engine's) until Σ permits reached
+// 75 % of the budget, and each new pod's time from its first permit to its full share (figures
+// only: no assertion on them, docs/benchmarks.md "Failover").
 func TestManagerKilledDuringScaleOut(t *testing.T) {
 	playedInClusterWhenShort(t)
-	s := scenario(t, harness.ScenarioConfig{})
+	s := scenario(t, harness.ScenarioConfig{KeepHistory: true, ManagerArgs: failoverArgs})
 	ctx := t.Context()
 	start := time.Now()
 	mustConverge(t, ctx, s)
@@ -70,8 +74,10 @@ func TestManagerKilledDuringScaleOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	var oldEpoch int64
-	for _, st := range sts {
+	before := map[string]bool{}
+	for pod, st := range sts {
 		oldEpoch = max(oldEpoch, st.Epoch)
+		before[pod] = true
 	}
 	restarted := make(chan error, 1)
 	err = s.Workload.ScaleTo(ctx, 16, harness.ScaleOptions{Step: 150 * time.Millisecond, BetweenPhases: func(phase string) {
@@ -95,6 +101,12 @@ func TestManagerKilledDuringScaleOut(t *testing.T) {
 	t0 := time.Now()
 	mustConverge(t, ctx, s)
 	t.Logf("16 pods × %d permits %s after the restart", s.PerPod(16), time.Since(t0).Round(time.Millisecond))
+	if starts, err := engineStarts(s.Manager.LogPath); err != nil || len(starts) < 2 {
+		t.Logf("no failover figures: the manager's log shows %d engine starts (%v)", len(starts), err)
+	} else if s.Monitor != nil {
+		budget := s.Cfg.Limit * s.Cfg.FactorPercent / 100
+		t.Logf("failover: %s", measureFailover(s.Monitor.Samples(), starts[len(starts)-1], budget, s.PerPod(16), before))
+	}
 	sts, err = s.States(ctx)
 	if err != nil {
 		t.Fatal(err)
