@@ -26,6 +26,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 		p.instance = st.Instance
 	}
 	p.batchSig = st.Has(assignment.CapabilityBatchSignatures)
+	p.observe = st.Has(assignment.CapabilityObserve)
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {

@@ -238,7 +238,10 @@ type podState struct {
 	instance   string // the agent process of the last report (assignment.State.Instance)
 	// batchSig: the last report advertised assignment.CapabilityBatchSignatures (its requests
 	// may be signed in a batch with others).
-	batchSig  bool
+	batchSig bool
+	// observe: the last report advertised assignment.CapabilityObserve: the pod may be sent
+	// Downstream.Observe and dry-run switches (an older agent's strict decoding refuses them).
+	observe   bool
 	lastEpoch int64 // the (epoch, generation) of the last report, to notice a restarted agent
 	lastGen   int64
 	reportAt  time.Time // when the last report arrived

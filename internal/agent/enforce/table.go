@@ -23,8 +23,10 @@ import (
 type Table struct {
 	byName map[string]*Downstream
 	names  []string // sorted
-	// Switches are the degrade switches, in the order of the Assignment.
+	// Switches are the degrade switches in force, in the order of the Assignment; DryRun the
+	// dry-run ones (assignment.Switch.DryRun), which only count the calls they match.
 	Switches     []degrade.Switch
+	DryRun       []degrade.Switch
 	switchStates []switchInfo // sorted by name
 }
 
@@ -66,6 +68,9 @@ type Config struct {
 	// AbandonedHold is how long a call that timed out keeps its permit after its upstream
 	// connection closed.
 	AbandonedHold time.Duration
+	// Observe: every call is forwarded at once, holding a permit beyond the limit if need be,
+	// and what enforcing would have refused is counted (CountWouldRefuse).
+	Observe bool
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
@@ -100,6 +105,7 @@ type Downstream struct {
 
 	requests, upstream429, abandoned atomic.Int64
 	rejected                         [metrics.NumReasons]atomic.Int64 // by metrics.Reason*
+	wouldRefuse                      [metrics.NumReasons]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.
@@ -135,6 +141,13 @@ func (d *Downstream) CountRequest(now time.Time) {
 func (d *Downstream) CountRejected(reason int) {
 	d.rejected[reason].Add(1)
 	d.Metrics.Rejected[reason].Inc()
+}
+
+// CountWouldRefuse counts a call forwarded under Observe, or past a dry-run switch, that
+// enforcing would have refused, by metrics.Reason*.
+func (d *Downstream) CountWouldRefuse(reason int) {
+	d.wouldRefuse[reason].Add(1)
+	d.Metrics.WouldRefuse[reason].Inc()
 }
 
 // CountAbandoned counts a call abandoned at its deadline whose permit is held for AbandonedHold.
@@ -303,7 +316,15 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 			}
 			ds.Rejected[r] = n
 		}
+		if n := d.wouldRefuse[i].Load(); n > 0 {
+			if ds.WouldRefuse == nil {
+				ds.WouldRefuse = map[string]int64{}
+			}
+			ds.WouldRefuse[r] = n
+		}
 	}
+	ds.Observe = cfg.Observe
+	ds.SecondsEnd, ds.Seconds = d.Metrics.Peak.Seconds(now, assignment.MaxSecondCounts)
 	return ds
 }
 
@@ -313,7 +334,11 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 	t := &Table{byName: make(map[string]*Downstream, len(a.Downstreams))}
 	staleBy := map[string]bool{}
 	for _, s := range a.Switches {
-		t.Switches = append(t.Switches, convertSwitch(s))
+		if s.DryRun {
+			t.DryRun = append(t.DryRun, convertSwitch(s))
+		} else {
+			t.Switches = append(t.Switches, convertSwitch(s))
+		}
 		t.switchStates = append(t.switchStates, switchInfo{Name: s.Name, Downstream: s.Downstream, ExpiresAt: s.ExpiresAt})
 		if s.Action.Action == assignment.ActionServeStale {
 			staleBy[s.Downstream] = true
@@ -348,6 +373,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 			c.MaxWaiting = int(*d.MaxWaiting)
 		}
 		c.DeadlineHeader = d.DeadlineHeader
+		c.Observe = d.Observe
 		c.AbandonedHold = c.RequestTimeout
 		if d.AbandonedHold != nil {
 			c.AbandonedHold = d.AbandonedHold.D()

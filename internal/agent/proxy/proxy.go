@@ -60,6 +60,11 @@
 // the call on or refuses it (degrade, open breaker, rate, lane permit, permit, ticket), with one
 // wait shared by the lane's and the downstream's permits.
 //
+// Observe (the downstream's Config.Observe): steps 2 to 6 only look, never wait nor refuse
+// (admitting.observe); every call is forwarded holding a permit, beyond the limit when none is
+// free, and the first step that would have refused it is counted (would_refuse_total). A dry-run
+// degrade switch is counted the same way under Enforce, and the chain goes on as if it were off.
+//
 // Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
 // (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
 // call at info level.

@@ -1,0 +1,238 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/test/e2e/harness"
+)
+
+// judge is a partner that admits every call, holds it for work and records its in-flight count
+// at every change, with the time, and the calls that arrived in each wall-clock second: what the
+// downstream really saw, against which the agents' figures are judged.
+type judge struct {
+	URL  string
+	work time.Duration
+
+	mu       sync.Mutex
+	inFlight int64
+	changes  []inflightChange
+	perSec   map[int64]int64 // calls by the Unix second they arrived in
+	calls    atomic.Int64
+}
+
+type inflightChange struct {
+	at time.Time
+	n  int64
+}
+
+func startJudge(t *testing.T, work time.Duration) *judge {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &judge{URL: "http://" + ln.Addr().String(), work: work, perSec: map[int64]int64{}}
+	srv := &http.Server{Handler: j, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return j
+}
+
+func (j *judge) note(d int64) {
+	j.mu.Lock()
+	now := time.Now()
+	if d > 0 {
+		j.perSec[now.Unix()]++
+	}
+	j.inFlight += d
+	j.changes = append(j.changes, inflightChange{now, j.inFlight})
+	j.mu.Unlock()
+}
+
+func (j *judge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	j.calls.Add(1)
+	j.note(1)
+	time.Sleep(j.work)
+	j.note(-1)
+	_, _ = io.WriteString(w, "done")
+}
+
+// history is a copy of the in-flight changes so far.
+func (j *judge) history() []inflightChange {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]inflightChange(nil), j.changes...)
+}
+
+// pushAssignment PUTs a to an agent of bootAgents (--insecure-no-auth) and returns the State it
+// answered with: its acknowledgement.
+func pushAssignment(ctx context.Context, ag *harness.Agent, a assignment.Assignment) (assignment.State, error) {
+	var st assignment.State
+	b, err := json.Marshal(a)
+	if err != nil {
+		return st, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, ag.ControlURL()+"/v1/assignment", bytes.NewReader(b))
+	if err != nil {
+		return st, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := e2eHTTP.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(res.Body)
+		return st, fmt.Errorf("PUT /v1/assignment: %s: %s", res.Status, body)
+	}
+	return st, json.NewDecoder(res.Body).Decode(&st)
+}
+
+// TestObserveThenEnforceDrains: 4 real agents × 5 permits (Σ 20, the limit the permits promise)
+// under Observe, with 12 callers each, far more than their permits: every call is forwarded and
+// the judge sees about 48 in flight while the agents count what they would have refused. Then
+// every agent is pushed Enforce under that load. From each acknowledgement on, an agent admits
+// new calls only within its permits, and the calls admitted under Observe count against them
+// until they end: Σ in flight at the judge falls to ≤ 20 as they drain (within the request
+// timeout of the last acknowledgement, docs/protocol.md §11b) and stays there. The drain time is
+// printed; the assertions are the bound after the request timeout, not the drain's speed.
+func TestObserveThenEnforceDrains(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	const agents, permits, callers = 4, 5, 12
+	const limit = agents * permits
+	requestTimeout := 2 * time.Second
+	j := startJudge(t, 150*time.Millisecond)
+	d := assignment.Downstream{
+		Name: "partner", Upstream: j.URL, Permits: permits, SafeDefaultPermits: permits,
+		AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(requestTimeout),
+		Fallback: assignment.Fallback{Action: assignment.ActionReject}, Observe: true,
+	}
+	ags := bootAgents(t, ctx, agents, assignment.Assignment{Downstreams: []assignment.Downstream{d}})
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	load := closedLoad(lctx, ags, "partner", callers)
+
+	// Observe: everything forwarded, far beyond the permits.
+	if err := sleep(ctx, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var observedPeak int64
+	for _, c := range j.history() {
+		observedPeak = max(observedPeak, c.n)
+	}
+	var would int64
+	for i, ag := range ags {
+		st, err := agentState(ctx, ag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := st.Downstreams[0]
+		if !ds.Observe || len(ds.Rejected) != 0 {
+			t.Fatalf("agent %d under Observe: %+v, want observe and nothing refused", i, ds)
+		}
+		would += ds.WouldRefuse["no-permit"]
+	}
+	t.Logf("Observe, 2 s: the judge saw up to %d in flight for Σ permits %d; the agents would have refused %d calls (no-permit)",
+		observedPeak, limit, would)
+	if observedPeak <= limit || would == 0 {
+		t.Fatalf("Observe did not show the load beyond the permits (peak %d, would-refuse %d): the test proves nothing", observedPeak, would)
+	}
+
+	// Enforce, pushed to every agent at once under the load.
+	d.Observe = false
+	switchAt := time.Now()
+	acks := make([]time.Time, agents)
+	atAck := make([]int32, agents) // the calls in flight each acknowledgement reported
+	var wg sync.WaitGroup
+	errs := make([]error, agents)
+	for i, ag := range ags {
+		wg.Go(func() {
+			st, err := pushAssignment(ctx, ag, assignment.Assignment{Epoch: 1, Generation: 1,
+				LeaseTTL: assignment.Duration(time.Minute), Downstreams: []assignment.Downstream{d}})
+			acks[i] = time.Now()
+			if err == nil {
+				atAck[i] = st.Downstreams[0].InFlight
+			}
+			if err == nil && st.Downstreams[0].Observe {
+				err = fmt.Errorf("the acknowledgement still says Observe: %+v", st.Downstreams[0])
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	lastAck := switchAt
+	var bound int64 // Lemma 1 from each acknowledgement: Σ max(in flight then, permits)
+	for i := range ags {
+		if errs[i] != nil {
+			t.Fatalf("agent %d: %v", i, errs[i])
+		}
+		bound += int64(max(atAck[i], permits))
+		if acks[i].After(lastAck) {
+			lastAck = acks[i]
+		}
+	}
+	if err := sleep(ctx, requestTimeout+2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	load.Wait()
+
+	// The drain: from the last acknowledgement to the last moment the judge saw more than the
+	// limit in flight.
+	hist := j.history()
+	var lastOver time.Time
+	var peakAfter int64
+	for _, c := range hist {
+		if c.at.Before(lastAck) {
+			continue
+		}
+		peakAfter = max(peakAfter, c.n)
+		if c.n > limit {
+			lastOver = c.at
+		}
+	}
+	drain := time.Duration(0)
+	if !lastOver.IsZero() {
+		drain = lastOver.Sub(lastAck)
+	}
+	var peakSettled int64
+	for _, c := range hist {
+		if c.at.After(lastAck.Add(requestTimeout)) {
+			peakSettled = max(peakSettled, c.n)
+		}
+	}
+	t.Logf("Enforce pushed: acknowledged by all %d agents %v after the push started; the Observe calls drained to ≤ %d in flight %v after the last acknowledgement (in flight up to %d during the drain, up to %d after the request timeout of %v)",
+		agents, lastAck.Sub(switchAt).Round(time.Millisecond), limit, drain.Round(time.Millisecond), peakAfter, peakSettled, requestTimeout)
+	t.Logf("the acknowledgements reported %v in flight: during the drain Σ in flight may reach Σ max(that, %d) = %d", atAck, permits, bound)
+	if peakAfter > bound {
+		t.Errorf("after the last acknowledgement the judge saw %d in flight, above Σ max(in flight at the acknowledgement, permits) = %d: calls admitted under Observe were not counted against the permits", peakAfter, bound)
+	}
+	if peakSettled > limit {
+		t.Errorf("after the drain the judge saw %d in flight, above Σ permits %d", peakSettled, limit)
+	}
+	if drain > requestTimeout {
+		t.Errorf("the judge saw %d > %d in flight %v after the last acknowledgement, beyond the request timeout %v", peakAfter, limit, drain, requestTimeout)
+	}
+	for i, ag := range ags {
+		st, err := agentState(ctx, ag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds := st.Downstreams[0]; ds.InFlight > permits {
+			t.Errorf("agent %d holds %d calls in flight after the drain, above its %d permits", i, ds.InFlight, permits)
+		}
+	}
+}
