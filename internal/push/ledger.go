@@ -204,6 +204,9 @@ type entry struct {
 	waiting int32
 	refused int64
 	lanes   []assignment.LaneState
+	// secondsEnd, seconds: the per-second call counts last reported, for status only.
+	secondsEnd int64
+	seconds    []int32
 
 	// carry is what the pod's previous agent process may still have running after the agent
 	// restarted (its state went backwards): counted on top of everything else until carryUntil.

@@ -236,3 +236,86 @@ func TestObserveThenEnforceDrains(t *testing.T) {
 		}
 	}
 }
+
+// TestPeakSecondAcrossAgents: 8 real agents, a background load in the seconds before, then a
+// known burst placed in the middle of one wall-clock second (from +300 ms), more calls through
+// some agents than others. The agents' per-second counts, as their States report them, summed by
+// the manager's own function (assignment.BusiestSecond), must name that second and the judge's
+// count of the calls it received in it. Tolerance: the calls the judge saw in the seconds next to
+// the burst's, 0 when the burst stays within its second (the agents and the judge share this
+// machine's clock, and a call reaches the judge within milliseconds of the agent); a burst that
+// spilled over on a stalled machine could move that many calls across the edge.
+func TestPeakSecondAcrossAgents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	const agents = 8
+	j := startJudge(t, time.Millisecond)
+	d := assignment.Downstream{
+		Name: "partner", Upstream: j.URL, Permits: 100, SafeDefaultPermits: 100,
+		AcquireTimeout: assignment.Duration(time.Second), RequestTimeout: assignment.Duration(5 * time.Second),
+		Fallback: assignment.Fallback{Action: assignment.ActionReject},
+	}
+	ags := bootAgents(t, ctx, agents, assignment.Assignment{Downstreams: []assignment.Downstream{d}})
+	call := func(ag *harness.Agent) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ag.DataURL("partner")+"/x", nil)
+		if res, err := e2eHTTP.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+	}
+	// Background: 3 calls per agent per second for 3 s.
+	for range 3 {
+		for _, ag := range ags {
+			for range 3 {
+				call(ag)
+			}
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The burst, from 300 ms into a second two seconds on: 20 + 5i calls through agent i.
+	start := time.Now().Truncate(time.Second).Add(2*time.Second + 300*time.Millisecond)
+	if err := sleep(ctx, time.Until(start)); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	sent := 0
+	for i, ag := range ags {
+		for range 20 + 5*i {
+			sent++
+			wg.Go(func() { call(ag) })
+		}
+	}
+	wg.Wait()
+	took := time.Since(start)
+	burstSec := start.Unix()
+	if err := sleep(ctx, time.Until(time.Unix(burstSec+2, 0))); err != nil {
+		t.Fatal(err)
+	}
+	var series []assignment.SecondCounts
+	for i, ag := range ags {
+		st, err := agentState(ctx, ag)
+		if err != nil {
+			t.Fatalf("agent %d: %v", i, err)
+		}
+		ds := st.Downstreams[0]
+		series = append(series, assignment.SecondCounts{End: ds.SecondsEnd, Counts: ds.Seconds})
+	}
+	sec, calls, ok := assignment.BusiestSecond(series, time.Now().Unix(), 60)
+	j.mu.Lock()
+	judged, spill := j.perSec[burstSec], j.perSec[burstSec-1]+j.perSec[burstSec+1]
+	var judgedPeak int64
+	for _, n := range j.perSec {
+		judgedPeak = max(judgedPeak, n)
+	}
+	j.mu.Unlock()
+	t.Logf("burst of %d calls through %d agents, sent in %v from %v into second %d; reported peak: second %d, %d calls; the judge counted %d in that second (its busiest: %d), %d in the seconds next to it",
+		sent, agents, took.Round(time.Millisecond), 300*time.Millisecond, burstSec, sec, calls, judged, judgedPeak, spill)
+	if !ok || sec != burstSec {
+		t.Fatalf("the reported peak is second %d (ok %v), want the burst's %d", sec, ok, burstSec)
+	}
+	if diff := calls - judged; diff > spill || -diff > spill {
+		t.Fatalf("reported %d calls in the busiest second, the judge counted %d: off by %d, beyond the tolerance %d", calls, judged, diff, spill)
+	}
+}
