@@ -82,9 +82,9 @@ const (
 
 	// MaxStateBytes caps a State answer: the longest State the bounds allow, the fixed text,
 	// its instance, uptime, epoch, generation and lease end, MaxDownstreams downstreams,
-	// MaxSwitches switches and MaxCapabilities capabilities. 305 KiB: the downstreams 180, the
+	// MaxSwitches switches and MaxCapabilities capabilities. 342 KiB: the downstreams 217, the
 	// switches 124. TestMaxStateBytes encodes that State to exactly this many bytes; a real
-	// agent's longest is 244 KiB (TestRealAgentStateWithinBounds), a realistic State 1 KiB.
+	// agent's longest is 273 KiB (TestRealAgentStateWithinBounds), a realistic State 1 KiB.
 	MaxStateBytes = len(`{"instance":"","uptime":,"epoch":,"generation":,"configured":false,"leaseExpiresAt":,"leaseExpired":false,"downstreams":[],"switches":[],"capabilities":[]}`) +
 		MaxInstanceLength + jsonDuration + 2*jsonInt64 + jsonTime +
 		MaxDownstreams*downstreamStateBytes + MaxDownstreams - 1 +
