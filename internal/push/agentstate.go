@@ -79,12 +79,12 @@ func observeEntries(p *podState, st *assignment.State, now time.Time) {
 	for k, e := range p.entries {
 		e.inflight, e.inflightAt, e.requests = 0, now, 0
 		e.waiting, e.refused, e.lanes = 0, 0, nil
-		e.secondsEnd, e.seconds = 0, nil
+		e.secondsEnd, e.seconds, e.observing = 0, nil, false
 		for _, d := range st.Downstreams {
 			if d.Name == k.Name {
 				e.inflight, e.requests = max(d.InFlight, 0), d.Requests
 				e.waiting, e.refused, e.lanes = max(d.Waiting, 0), d.Rejected["no-permit"], d.Lanes
-				e.secondsEnd, e.seconds = d.SecondsEnd, d.Seconds
+				e.secondsEnd, e.seconds, e.observing = d.SecondsEnd, d.Seconds, d.Observe
 				break
 			}
 		}

@@ -198,6 +198,9 @@ type entry struct {
 
 	inflight   int32 // calls in flight for this downstream at the last report
 	inflightAt time.Time
+	// observing: the last report said the downstream is under Observe (its calls are admitted
+	// beyond the permits; see held and docs/protocol.md §11b).
+	observing bool
 	requests   int64 // the agent's request counter at the last report (it only grows within a process)
 	// demand: what the agent last reported queued and refused for lack of a permit (its counter
 	// since it started), and its lanes; for demand-aware sharing and status only, never counted.
@@ -348,7 +351,13 @@ func (l *ledger) held(e *entry, now time.Time) (n, phantom, carry int32, next ti
 			count(fallback, time.Time{})
 		}
 	}
-	if !e.inflightAt.IsZero() {
+	// The in-flight term bounds the calls the agent's semaphore admitted (Lemma 1). Calls admitted
+	// under Observe are bounded by nothing: while the quota is Observe and the agent says it
+	// observes, they are not counted, so that what they run beyond the grant neither shows as an
+	// oversubscribed ledger nor holds back other pods' permits (the grant stays reserved: counted
+	// is at least it). Once the quota is Enforce they are counted again at once, on the last
+	// report, and the Enforce acknowledgement reports them all (§11b).
+	if !e.inflightAt.IsZero() && !(e.observing && e.quota.desired.Downstream.Observe) {
 		count(e.inflight, e.inflightAt.Add(e.maxRequestTimeout))
 	}
 	for _, v := range p.versions {

@@ -100,7 +100,7 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 		for _, d := range m.a.Downstreams {
 			st.Downstreams = append(st.Downstreams, assignment.DownstreamState{
 				Name: d.Name, Permits: d.Permits, EffectivePermits: m.limit(d.Name, now), InFlight: m.inFlight(d.Name, now),
-				Requests: m.requests[d.Name],
+				Requests: m.requests[d.Name], Observe: d.Observe,
 			})
 		}
 	}
