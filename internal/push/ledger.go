@@ -201,7 +201,7 @@ type entry struct {
 	// observing: the last report said the downstream is under Observe (its calls are admitted
 	// beyond the permits; see held and docs/protocol.md §11b).
 	observing bool
-	requests   int64 // the agent's request counter at the last report (it only grows within a process)
+	requests  int64 // the agent's request counter at the last report (it only grows within a process)
 	// demand: what the agent last reported queued and refused for lack of a permit (its counter
 	// since it started), and its lanes; for demand-aware sharing and status only, never counted.
 	waiting int32
