@@ -357,7 +357,7 @@ func (l *ledger) held(e *entry, now time.Time) (n, phantom, carry int32, next ti
 	// oversubscribed ledger nor holds back other pods' permits (the grant stays reserved: counted
 	// is at least it). Once the quota is Enforce they are counted again at once, on the last
 	// report, and the Enforce acknowledgement reports them all (§11b).
-	if !e.inflightAt.IsZero() && !(e.observing && e.quota.desired.Downstream.Observe) {
+	if !e.inflightAt.IsZero() && (!e.observing || !e.quota.desired.Downstream.Observe) {
 		count(e.inflight, e.inflightAt.Add(e.maxRequestTimeout))
 	}
 	for _, v := range p.versions {
