@@ -529,7 +529,7 @@ func observeRun(ctx context.Context, st settings, s *harness.Scenario, p *partne
 			break
 		}
 		if time.Since(t0) > 30*time.Second {
-			return "", fmt.Errorf("after 30 s %d of %d agents observe, %d pods ready (last error: %w)", observing, storyPods, len(tr.pods()), err)
+			return "", errors.Join(fmt.Errorf("after 30 s %d of %d agents observe, %d pods ready", observing, storyPods, len(tr.pods())), err)
 		}
 		select {
 		case <-ctx.Done():
