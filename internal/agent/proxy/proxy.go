@@ -457,6 +457,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if byApp && !dl.After(now) {
 		// The app's deadline passed while the call waited: nobody is waiting for its answer.
 		ds.Sem.Release()
+		ad.releaseLane()
 		tk.Cancel()
 		ds.CountRejected(metrics.ReasonDeadline)
 		writeProblem(w, http.StatusGatewayTimeout, CodeDeadlineExceeded, "Deadline exceeded",
