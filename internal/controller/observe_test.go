@@ -124,3 +124,22 @@ func TestNearLimitConditionAndEvent(t *testing.T) {
 		t.Fatalf("60 in flight of 40 granted: utilization %d %%, want 150", u.utilizationPercent())
 	}
 }
+
+// status.peakSecond is the busiest second summed across the pods' reported counts, over the
+// seconds every pod has reported.
+func TestPeakSecondInStatus(t *testing.T) {
+	dq := builders.MakeDownstreamQuota("logistics", "ns").Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
+	now := time.Unix(1_000_000, 500_000_000)
+	r := usageReport([]int32{20, 20}, []int32{0, 0})
+	r.Holdings[0].SecondsEnd, r.Holdings[0].Seconds = 1_000_000, []int32{4, 30, 2}
+	r.Holdings[1].SecondsEnd, r.Holdings[1].Seconds = 1_000_000, []int32{9, 1, 0}
+	u := usageOf(dq, 40, r, now)
+	if u.Peak == nil || u.Peak.Calls != 31 || u.Peak.At.Unix() != 999_998 {
+		t.Fatalf("peak %+v, want 31 calls in second 999998", u.Peak)
+	}
+	st := apportionv1.DownstreamQuotaStatus{}
+	setUsage(&st, u, 40, 80, metav1.NewTime(now))
+	if st.PeakSecond == nil || st.PeakSecond.Calls != 31 {
+		t.Fatalf("status.peakSecond %+v", st.PeakSecond)
+	}
+}
