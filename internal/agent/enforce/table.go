@@ -82,8 +82,13 @@ func (c *Config) SafeLimit() int {
 // Downstream is one downstream's runtime objects. They survive reconfiguration (see the
 // package doc).
 type Downstream struct {
-	Name    string
-	Sem     *semaphore.Semaphore
+	Name string
+	Sem  *semaphore.Semaphore
+	// Shadow is Enforce's model under Observe: a semaphore with Sem's limit and waiters' bound
+	// in which each call forwarded under Observe waits (beside it, never delaying it) and holds a
+	// permit as Enforce would have made it; what it refuses is what Enforce would have refused
+	// (package proxy, observe). Unused under Enforce.
+	Shadow  *semaphore.Semaphore
 	Metrics *metrics.Downstream
 
 	cfg       atomic.Pointer[Config]
@@ -193,6 +198,7 @@ func (d *Downstream) refreshLocked() {
 // semaphore: the lanes first when lowering, the downstream semaphore first when raising, so that
 // the lanes never grant beyond what the downstream semaphore admits at once.
 func (d *Downstream) setSemLimits(n int) {
+	d.Shadow.SetLimit(n)
 	ls := d.Lanes()
 	if ls == nil {
 		d.Sem.SetLimit(n)
@@ -253,7 +259,7 @@ func (d *Downstream) Recovery() (st recovery.Status, ok bool) {
 }
 
 func newDownstream(name string, cfg *Config, m *metrics.Metrics, clk recovery.Clock, now time.Time) *Downstream {
-	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), clk: clk, metricsSet: m}
+	d := &Downstream{Name: name, Sem: semaphore.New(0), Shadow: semaphore.New(0), Metrics: m.Downstream(name), clk: clk, metricsSet: m}
 	d.reconfigure(cfg, now)
 	return d
 }
@@ -286,6 +292,7 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	d.refreshLocked()
 	d.limitMu.Unlock()
 	d.Sem.SetMaxWaiting(cfg.MaxWaiting)
+	d.Shadow.SetMaxWaiting(cfg.MaxWaiting)
 	d.cfg.Store(cfg)
 }
 

@@ -51,6 +51,11 @@ type admission struct {
 	// (lanes is nil without lanes); released by releaseLane after the downstream's permit.
 	lanes *enforce.LaneSet
 	lane  int
+	// admitted under Observe: the call's place in Enforce's model (observe.go): the shadow
+	// semaphore whose permit it holds from the start (shadowHeld), or its waiter there (nil:
+	// none); endShadow ends it with the call.
+	shadowHeld *semaphore.Semaphore
+	shadowWait *shadowWaiter
 }
 
 // releaseLane returns the call's lane permit, if it holds one.
@@ -105,75 +110,6 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 		a.admitted()
 	}
 	return a.out
-}
-
-// observe is the chain of a downstream under Observe: every call is admitted at once, and each
-// step only notes what it would have done; the first step that would have refused the call
-// names the reason counted (CountWouldRefuse), as under Enforce the first refusal ends the
-// chain. No step waits, so a call is delayed by the steps' own work only:
-//
-//   - degrade: a switch in force or a dry-run one matches (reason degraded);
-//   - openBreaker: the breaker is open (circuit-open); no probe ticket is taken;
-//   - rate: no token within the wait allowed (rate-limited). A token within it is reserved as
-//     Enforce reserves it, without the wait, so the limiter sees the calls Enforce would send;
-//   - lanePermit, permit: the lane's, then the downstream's permit is taken with Force, beyond
-//     the limit when none is free (no-permit). Under Enforce such a call would have waited and
-//     been refused unless a permit freed within the wait allowed: no-permit here is an upper
-//     bound on Enforce's no-permit and queue-full together;
-//   - ticket: a closed or half-open breaker's ticket, so that it judges the calls' outcomes as
-//     under Enforce; a half-open one whose probe slots are taken (circuit-open) gives none, and
-//     the call is forwarded without one.
-//
-// The permits taken are held and released as any admitted call's: the calls forwarded under
-// Observe are in the in-flight count the agent reports and count against the permits until they
-// end, which is what makes a switch to Enforce a lowering (docs/protocol.md §11b). No stall check:
-// nothing is promised about Observe's calls in flight.
-func (a *admitting) observe(t *enforce.Table, req degrade.RequestView) {
-	would := -1
-	note := func(reason int) {
-		if would < 0 {
-			would = reason
-		}
-	}
-	if (len(t.Switches) > 0 && degrade.Select(t.Switches, a.ds.Name, req, a.start) != nil) ||
-		(len(t.DryRun) > 0 && degrade.Select(t.DryRun, a.ds.Name, req, a.start) != nil) {
-		note(metrics.ReasonDegraded)
-	}
-	a.br = a.ds.Breaker()
-	if a.br != nil && a.br.State(a.start) == breaker.Open {
-		note(metrics.ReasonCircuitOpen)
-	}
-	if lim := a.ds.Limiter(); lim != nil {
-		if _, ok := lim.Reserve(a.start, a.maxWait); !ok {
-			note(metrics.ReasonRateLimited)
-		}
-	}
-	a.ds.Tick()
-	if a.lanes != nil {
-		if !a.lanes.Sem.Force(a.lane) {
-			note(metrics.ReasonNoPermit)
-		}
-		a.held.lane = true
-	}
-	if !a.ds.Sem.Force() || a.ds.Effective() == 0 {
-		note(metrics.ReasonNoPermit)
-	}
-	a.held.permit = true
-	if a.br != nil {
-		if tk, _, ok := a.br.Allow(a.start); ok {
-			a.tk, a.held.ticket = tk, true
-		} else {
-			note(metrics.ReasonCircuitOpen)
-		}
-	}
-	if would >= 0 {
-		a.ds.CountWouldRefuse(would)
-	}
-	a.ds.Metrics.AcquireWait.Observe(a.clk.Since(a.start).Seconds())
-	a.out.verdict, a.out.ticket = admitted, a.tk
-	if a.held.lane {
-		a.out.lanes, a.out.lane = a.lanes, a.lane
-	}
 }
 
 // admitting is one call's state in the admission chain: what its steps read (set by admit before

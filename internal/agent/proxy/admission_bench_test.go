@@ -20,8 +20,11 @@ import (
 // match (another method), a breaker, a rate limit, priority lanes and the recovery ramp and
 // adaptive limit. It isolates admit's own cost from the HTTP work that BenchmarkHandler and
 // BenchmarkServeLean add around it. The -observe forms are the same downstreams under Observe
-// (issue #31): the same steps, looking only; "all-observe-over" has 0 permits, so that every
-// call is forced beyond them and counted as one Enforce would refuse (Observe's dearest path).
+// (issue #31): the same steps, looking only, and the call's shadow permit; "all-observe-over"
+// has 0 permits, so that every call is forced beyond them and counted at once as one Enforce
+// would refuse; "plain-observe-queue-full" has its one shadow permit held and its shadow
+// waiters' bound reached, so that every call starts a shadow waiter that is refused at once
+// (queue-full): Observe's dearest path.
 func BenchmarkAdmit(b *testing.B) {
 	observe := func(mut func(*assignment.Assignment), permits int32) func(*assignment.Assignment) {
 		return func(a *assignment.Assignment) {
@@ -41,6 +44,10 @@ func BenchmarkAdmit(b *testing.B) {
 		{"all", admitAll},
 		{"all-observe", observe(admitAll, 1024)},
 		{"all-observe-over", observe(admitAll, 0)},
+		{"plain-observe-queue-full", observe(func(a *assignment.Assignment) {
+			zero := int32(0)
+			a.Downstreams[0].MaxWaiting = &zero
+		}, 1)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			a := &assignment.Assignment{Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(10 * time.Minute),
@@ -61,6 +68,9 @@ func BenchmarkAdmit(b *testing.B) {
 			cfg := ds.Config()
 			req := degrade.RequestView{Method: http.MethodGet, Path: "/orders/1", Header: http.Header{}, Rand: rand.Uint32}
 			ctx := context.Background()
+			if bc.name == "plain-observe-queue-full" && !ds.Shadow.TryAcquire() {
+				b.Fatal("the shadow permit is not free")
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				ad := admit(ctx, clk, t, ds, cfg, req, deadline.Budget{})
@@ -69,6 +79,7 @@ func BenchmarkAdmit(b *testing.B) {
 				}
 				ds.Sem.Release()
 				ad.releaseLane()
+				ad.endShadow(clk)
 				ad.ticket.Cancel()
 			}
 		})

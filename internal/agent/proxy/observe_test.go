@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -24,6 +25,23 @@ func observeDownstream(permits int32) assignment.Downstream {
 	return d
 }
 
+// eventually polls cond for up to 10 s (the shadow waiters run on goroutines of their own).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10 s: %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// shadowWaiting waits until n calls wait in the downstream's shadow semaphore.
+func (r *admitRig) shadowWaiting(t *testing.T, n int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d shadow waiters", n), func() bool { return r.ds().Shadow.Stats().Waiting == n })
+}
+
 func TestObserveAdmitsBeyondThePermitsAndCounts(t *testing.T) {
 	r := newAdmitRig(t, nil, observeDownstream(2))
 	var held []admission
@@ -37,9 +55,13 @@ func TestObserveAdmitsBeyondThePermitsAndCounts(t *testing.T) {
 	if r.inFlight() != 5 {
 		t.Fatalf("in flight %d, want 5: every Observe call holds a permit, beyond the 2 permits", r.inFlight())
 	}
-	if n := r.wouldRefuse(t, "no-permit"); n != 3 {
-		t.Fatalf("would_refuse{no-permit} = %v, want 3 (the calls beyond 2 permits)", n)
+	// Enforce would make the 3 calls beyond the permits wait acquireTimeout: so do their shadows.
+	r.shadowWaiting(t, 3)
+	if n := r.wouldRefuse(t, "no-permit"); n != 0 {
+		t.Fatalf("would_refuse{no-permit} = %v before the wait allowed passed", n)
 	}
+	r.clk.Step(50 * time.Millisecond)
+	eventually(t, "3 would-refuse no-permit", func() bool { return r.wouldRefuse(t, "no-permit") == 3 })
 	if n := r.rejected(t, "no-permit"); n != 0 {
 		t.Fatalf("rejected{no-permit} = %v under Observe", n)
 	}
@@ -47,9 +69,46 @@ func TestObserveAdmitsBeyondThePermitsAndCounts(t *testing.T) {
 	if !st.Observe || st.InFlight != 5 || st.WouldRefuse["no-permit"] != 3 {
 		t.Fatalf("State = %+v, want observe, 5 in flight, 3 would-refuse no-permit", st)
 	}
-	for range held {
+	for i := range held {
 		r.ds().Sem.Release()
+		held[i].endShadow(r.clk)
 	}
+	if sh := r.ds().Shadow.Stats(); sh.InFlight != 0 || sh.Waiting != 0 {
+		t.Fatalf("shadow after every call ended: %+v", sh)
+	}
+}
+
+// The shadow plays Enforce's wait: a call that would have got a permit within the wait allowed
+// is not counted; one that would not is (no-permit), and one beyond the waiters' bound at once
+// (queue-full). A waiter granted after its call ended holds the shadow permit for the call's
+// duration from the grant, as the call would have under Enforce.
+func TestObserveShadowWaitsAsEnforceWould(t *testing.T) {
+	d := observeDownstream(1)
+	one := int32(1)
+	d.MaxWaiting = &one
+	r := newAdmitRig(t, nil, d)
+	a := r.admit(context.Background(), http.MethodGet) // the shadow permit, free
+	b := r.admit(context.Background(), http.MethodGet) // waits in the shadow
+	r.shadowWaiting(t, 1)
+	r.admit(context.Background(), http.MethodGet) // beyond the waiters' bound of 1: queue-full at once
+	eventually(t, "would-refuse queue-full", func() bool { return r.wouldRefuse(t, "queue-full") == 1 })
+	r.clk.Step(20 * time.Millisecond)
+	a.endShadow(r.clk) // a ended after 20 ms: b gets the shadow permit within its wait
+	// Granted, b's waiter stops its timer: until then a step past its wait could still cancel it
+	// (a permit granted as the wait ends is given back, as under Enforce).
+	<-b.shadowWait.waited
+	r.clk.Step(100 * time.Millisecond) // past b's wait allowed: granted, it is not counted
+	if n := r.wouldRefuse(t, "no-permit"); n != 0 {
+		t.Fatalf("would_refuse{no-permit} = %v: a call Enforce would have served in its wait was counted", n)
+	}
+	// b ended 120 ms after it arrived, having been granted at 20 ms: its shadow permit is held
+	// 20 ms more, until 20 + 120 ms, when it would have ended under Enforce.
+	b.endShadow(r.clk)
+	if sh := r.ds().Shadow.Stats(); sh.InFlight != 1 {
+		t.Fatalf("shadow in flight %d right after b ended, want 1 (held for b's duration from its grant)", sh.InFlight)
+	}
+	r.clk.Step(20 * time.Millisecond)
+	eventually(t, "b's shadow permit released", func() bool { return r.ds().Shadow.Stats().InFlight == 0 })
 }
 
 // The first step that would have refused names the reason: a switch before the breaker, the

@@ -458,6 +458,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The app's deadline passed while the call waited: nobody is waiting for its answer.
 		ds.Sem.Release()
 		ad.releaseLane()
+		ad.endShadow(h.clock)
 		tk.Cancel()
 		ds.CountRejected(metrics.ReasonDeadline)
 		writeProblem(w, http.StatusGatewayTimeout, CodeDeadlineExceeded, "Deadline exceeded",
@@ -478,6 +479,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		c.clearDeadlines()
 		c.release(ad.releaseLane)
+		ad.endShadow(h.clock)
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {
