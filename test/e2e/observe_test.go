@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -317,5 +319,103 @@ func TestPeakSecondAcrossAgents(t *testing.T) {
 	}
 	if diff := calls - judged; diff > spill || -diff > spill {
 		t.Fatalf("reported %d calls in the busiest second, the judge counted %d: off by %d, beyond the tolerance %d", calls, judged, diff, spill)
+	}
+}
+
+// TestObserveEstimatesEnforce: the same open-loop load (Poisson arrivals, the same draw, each
+// call's partner latency drawn with it) through 4 real agents × 5 permits, first under Enforce,
+// then under Observe; it prints what Enforce refused beside what Observe counted it would have
+// refused, by reason. A figure for docs/benchmarks.md, not a pass/fail: it asserts only that
+// Observe counted something when Enforce refused a fair share. Run with OBSERVE_ACCURACY=1 or
+// E2E_FULL=1 (about a minute).
+func TestObserveEstimatesEnforce(t *testing.T) {
+	if !full && os.Getenv("OBSERVE_ACCURACY") != "1" {
+		t.Skip("a figure: OBSERVE_ACCURACY=1 or E2E_FULL=1 runs it")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	const agents, permits = 4, 5
+	const rate, meanLatency, seconds = 400.0, 50 * time.Millisecond, 6
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, _ := time.ParseDuration(r.Header.Get("X-Latency"))
+		time.Sleep(d)
+		_, _ = io.WriteString(w, "ok")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	d := assignment.Downstream{
+		Name: "partner", Upstream: "http://" + ln.Addr().String(), Permits: permits, SafeDefaultPermits: permits,
+		AcquireTimeout: assignment.Duration(50 * time.Millisecond), RequestTimeout: assignment.Duration(5 * time.Second),
+		Fallback: assignment.Fallback{Action: assignment.ActionReject},
+	}
+	ags := bootAgents(t, ctx, agents, assignment.Assignment{Downstreams: []assignment.Downstream{d}})
+	counts := func(would bool) map[string]int64 {
+		sum := map[string]int64{}
+		for _, ag := range ags {
+			st, err := agentState(ctx, ag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := st.Downstreams[0].Rejected
+			if would {
+				m = st.Downstreams[0].WouldRefuse
+			}
+			for r, n := range m {
+				sum[r] += n
+			}
+		}
+		return sum
+	}
+	play := func() int {
+		rng := rand.New(rand.NewPCG(31, 31))
+		start := time.Now()
+		var wg sync.WaitGroup
+		n := 0
+		for at := time.Duration(0); at < seconds*time.Second; at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
+			lat := time.Duration(rng.ExpFloat64() * float64(meanLatency))
+			ag := ags[n%agents]
+			n++
+			if err := sleep(ctx, time.Until(start.Add(at))); err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ag.DataURL("partner")+"/x", nil)
+				req.Header.Set("X-Latency", lat.String())
+				if res, err := e2eHTTP.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, res.Body)
+					res.Body.Close()
+				}
+			})
+		}
+		wg.Wait()
+		_ = sleep(ctx, 200*time.Millisecond) // the shadow waiters' acquire timeouts
+		return n
+	}
+	calls := play()
+	enforced := counts(false)
+	d.Observe = true
+	for i, ag := range ags {
+		if _, err := pushAssignment(ctx, ag, assignment.Assignment{Epoch: 1, Generation: 1,
+			LeaseTTL: assignment.Duration(5 * time.Minute), Downstreams: []assignment.Downstream{d}}); err != nil {
+			t.Fatalf("agent %d: %v", i, err)
+		}
+	}
+	observedCalls := play()
+	would := counts(true)
+	total := func(m map[string]int64) (n int64) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	t.Logf("%d agents × %d permits, %.0f calls/s for %d s (mean latency %v, acquireTimeout 50ms): Enforce refused %d of %d calls (%.1f %%) %v; Observe counted %d of %d (%.1f %%) %v",
+		agents, permits, rate, seconds, meanLatency, total(enforced), calls, 100*float64(total(enforced))/float64(calls), enforced,
+		total(would), observedCalls, 100*float64(total(would))/float64(observedCalls), would)
+	if total(enforced) > int64(calls)/20 && total(would) == 0 {
+		t.Errorf("Enforce refused %d calls, Observe counted none it would have refused", total(enforced))
 	}
 }
