@@ -93,3 +93,17 @@ func TestObserveOnlyToAgentsThatKnowIt(t *testing.T) {
 		t.Fatalf("%d agents know Observe, %d do not: the test needs both", knows, not)
 	}
 }
+
+// The per-second counts an agent reports reach the quota's Report with its holding, on a quiet
+// renewal too (they never change what the ledger counts).
+func TestReportCarriesTheSecondCounts(t *testing.T) {
+	h := converged(t, quota(20, 2, 5, 2), nil)
+	a0 := h.agent("http://p0")
+	a0.secondsEnd, a0.seconds = 1_000_000, []int32{3, 7}
+	h.advance(DefaultRenewEvery)
+	h.settle()
+	hp := h.holding(h.report("ns", "q"), "p0")
+	if hp.SecondsEnd != 1_000_000 || len(hp.Seconds) != 2 || hp.Seconds[1] != 7 {
+		t.Fatalf("p0's holding %+v, want the reported seconds", hp)
+	}
+}

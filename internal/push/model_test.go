@@ -38,6 +38,10 @@ type modelAgent struct {
 	// claim, when set, is the epoch every answer claims (a lying pod); the agent behind it still
 	// applies what it is sent.
 	claim int64
+	// secondsEnd and seconds, when set by a test, are the per-second counts every downstream
+	// reports.
+	secondsEnd int64
+	seconds    []int32
 }
 
 type modelCall struct {
@@ -100,7 +104,7 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 		for _, d := range m.a.Downstreams {
 			st.Downstreams = append(st.Downstreams, assignment.DownstreamState{
 				Name: d.Name, Permits: d.Permits, EffectivePermits: m.limit(d.Name, now), InFlight: m.inFlight(d.Name, now),
-				Requests: m.requests[d.Name], Observe: d.Observe,
+				Requests: m.requests[d.Name], Observe: d.Observe, SecondsEnd: m.secondsEnd, Seconds: m.seconds,
 			})
 		}
 	}
