@@ -34,6 +34,14 @@ const (
 	ReasonRecovering       = "Recovering"
 	ReasonPodsWithoutAgent = ConditionPodsWithoutAgent
 	ReasonOversubscribed   = ConditionOversubscribed
+
+	// NearLimit: AtWarnThreshold while the calls in flight across the pods are at or above
+	// spec.warnAtPercent of the budget; BelowWarnThreshold when they have not been since the
+	// manager started; Receded once they fell back below it (the condition's transition time
+	// then says when, which rate-limits the Warning Event, see ReasonNearLimit).
+	ReasonAtWarnThreshold    = "AtWarnThreshold"
+	ReasonBelowWarnThreshold = "BelowWarnThreshold"
+	ReasonReceded            = "Receded"
 )
 
 // Reasons of the Events the manager records about a DownstreamQuota.
@@ -45,6 +53,11 @@ const (
 	// ReasonSharesMoved: a DemandAware sharing round moved more than the quota's
 	// eventThresholdPercent of the budget.
 	ReasonSharesMoved = "SharesMoved"
+	// ReasonNearLimit: the calls in flight across the pods reached spec.warnAtPercent of the
+	// budget (Warning), recorded when NearLimit turns true, unless it receded less than
+	// NearLimitEventQuiet before: a quota that hovers at the threshold warns once, not at every
+	// crossing.
+	ReasonNearLimit = "NearLimit"
 	// ReasonPodsUnreachable: the set of pods whose agents cannot be reached changed (Warning).
 	ReasonPodsUnreachable = "PodsUnreachable"
 	// ReasonPodsWithoutAgent (above) is also the reason of the Warning recorded each time the

@@ -20,6 +20,8 @@ const (
 	DefaultFallbackAction            = FallbackReject
 	DefaultStaticStatus        int32 = 200
 	DefaultDegradePercent      int32 = 100
+	DefaultEnforcement               = EnforcementEnforce
+	DefaultWarnAtPercent       int32 = 80
 
 	DefaultAcquireTimeout = 200 * time.Millisecond
 	DefaultRequestTimeout = 30 * time.Second

@@ -25,6 +25,8 @@ func TestDefaultsMatchCRD(t *testing.T) {
 	}{
 		{"downstreamquotas", "spec.safetyFactorPercent", DefaultSafetyFactorPercent},
 		{"downstreamquotas", "spec.targets[].weight", DefaultWeight},
+		{"downstreamquotas", "spec.enforcement", DefaultEnforcement},
+		{"downstreamquotas", "spec.warnAtPercent", DefaultWarnAtPercent},
 		{"downstreamquotas", "spec.rate.burst", DefaultRateBurst},
 		{"downstreamquotas", "spec.rate.mode", DefaultRateMode},
 		{"downstreamquotas", "spec.agent.failurePolicy", DefaultFailurePolicy},

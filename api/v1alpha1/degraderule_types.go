@@ -90,6 +90,11 @@ type DegradeRuleSpec struct {
 	// scope is the part of the traffic degraded; all of it when absent.
 	// +optional
 	Scope *DegradeScope `json:"scope,omitempty"`
+	// dryRun, when true, makes the switch observe only: the agents forward the calls it matches
+	// as if it were off and count each as one it would have degraded
+	// (apportion_agent_would_refuse_total{reason="degraded"}).
+	// +optional
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // DegradePhase is where a rule stands.

@@ -32,6 +32,19 @@ type RateContract struct {
 	Mode RateMode `json:"mode,omitempty"`
 }
 
+// Enforcement is whether agents enforce a quota or only observe what enforcing would do.
+// +kubebuilder:validation:Enum=Enforce;Observe
+type Enforcement string
+
+const (
+	// EnforcementEnforce: agents admit calls within their permits, rate and switches (the default).
+	EnforcementEnforce Enforcement = "Enforce"
+	// EnforcementObserve: agents forward every call at once and count, by reason, what they would
+	// have refused (apportion_agent_would_refuse_total); the manager still apportions and pushes
+	// permits, and the calls in flight count against them (docs/protocol.md §11b).
+	EnforcementObserve Enforcement = "Observe"
+)
+
 // WorkloadKind is the kind of a workload that shares a quota.
 // +kubebuilder:validation:Enum=Deployment;StatefulSet
 type WorkloadKind string
@@ -189,6 +202,21 @@ type DownstreamQuotaSpec struct {
 	// rate is an optional global requests-per-second contract.
 	// +optional
 	Rate *RateContract `json:"rate,omitempty"`
+	// enforcement is Enforce (default) or Observe. Under Observe every call is forwarded without
+	// waiting; the agents run the whole admission beside it and count what they would have
+	// refused, by reason. Switching to Enforce behaves like lowering the permits: the calls
+	// admitted under Observe count against them until they end (docs/protocol.md §11b).
+	// +kubebuilder:default=Enforce
+	// +optional
+	Enforcement Enforcement `json:"enforcement,omitempty"`
+	// warnAtPercent is the share of the pods' budget (maxInFlight × safetyFactorPercent) at
+	// which the quota warns: when the calls in flight across its pods reach it, the condition
+	// NearLimit turns true and a Warning Event is recorded, before anything is refused.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:default=80
+	// +optional
+	WarnAtPercent int32 `json:"warnAtPercent,omitempty"`
 	// targets are the workloads whose pods share this quota.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=16
@@ -326,6 +354,10 @@ const (
 	// ConditionPodsReachable is false when some pods' agents could not be reached, or some pods
 	// have no agent to reach.
 	ConditionPodsReachable = "PodsReachable"
+	// ConditionNearLimit is true while the calls in flight across the quota's pods are at or
+	// above spec.warnAtPercent of the pods' budget (maxInFlight × safetyFactorPercent): a warning
+	// before anything is refused. Under Observe the calls in flight may exceed the budget.
+	ConditionNearLimit = "NearLimit"
 	// ConditionPodsWithoutAgent is true when pods of a target have an IP but no agent the manager
 	// can find (no apportion.io/agent-port annotation, no container port apportion-ctl): they are
 	// counted at their share, but nothing enforces it.
@@ -340,7 +372,7 @@ type DownstreamQuotaStatus struct {
 	// observedGeneration is the spec generation this status was computed from.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// conditions: Ready, Oversubscribed, TargetsFound, PodsReachable, PodsWithoutAgent.
+	// conditions: Ready, Oversubscribed, TargetsFound, PodsReachable, PodsWithoutAgent, NearLimit.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -389,6 +421,25 @@ type DownstreamQuotaStatus struct {
 	// global is the slice held of the GlobalQuota spec.global names (global_types.go).
 	// +optional
 	Global *GlobalSliceStatus `json:"global,omitempty"`
+	// inFlight is Σ of the calls in flight the pods' agents last reported.
+	// +optional
+	InFlight int32 `json:"inFlight"`
+	// utilizationPercent is inFlight ÷ the permits granted across the pods, in percent (rounded
+	// down; 0 when none are granted). Above 100 only under Observe, or while lowered pods drain.
+	// +optional
+	UtilizationPercent int32 `json:"utilizationPercent"`
+	// peakSecond is the busiest whole second of the last 60 across the quota's pods: the calls
+	// the agents counted in it, summed per second, as reported on their renewals.
+	// +optional
+	PeakSecond *PeakSecond `json:"peakSecond,omitempty"`
+}
+
+// PeakSecond is the busiest whole second of the last minute across a quota's pods.
+type PeakSecond struct {
+	// calls is the number of calls addressed to the downstream in that second, across its pods.
+	Calls int64 `json:"calls"`
+	// at is the start of that second.
+	At metav1.Time `json:"at"`
 }
 
 // DownstreamQuota is one downstream's global contract (max in-flight, optional rate), the
@@ -401,6 +452,9 @@ type DownstreamQuotaStatus struct {
 // +kubebuilder:printcolumn:name="PODS",type=integer,JSONPath=`.status.pods`,description="Pods counted across targets (errs high)"
 // +kubebuilder:printcolumn:name="PER-POD",type=string,JSONPath=`.status.perPod`,description="Permits per pod, per target (low-high when the remainder gives some pods one more)"
 // +kubebuilder:printcolumn:name="ASSIGNED",type=integer,JSONPath=`.status.assigned`,description="Permits assigned across all pods"
+// +kubebuilder:printcolumn:name="MODE",type=string,JSONPath=`.spec.enforcement`,description="Enforce, or Observe: every call forwarded, refusals only counted"
+// +kubebuilder:printcolumn:name="IN-FLIGHT",type=integer,JSONPath=`.status.inFlight`,description="Calls in flight across the pods, as their agents last reported"
+// +kubebuilder:printcolumn:name="UTIL%",type=integer,JSONPath=`.status.utilizationPercent`,description="Calls in flight ÷ permits granted, percent"
 // +kubebuilder:printcolumn:name="READY",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Apportioned and pushed"
 // +kubebuilder:printcolumn:name="SLICE",type=integer,JSONPath=`.status.global.slice`,description="The slice of a GlobalQuota this member holds (spec.global)",priority=1
 // +kubebuilder:printcolumn:name="LEASE-UNTIL",type=string,JSONPath=`.status.global.leaseUntil`,description="Until when the slice is leased (as last written; a date in the future)",priority=1

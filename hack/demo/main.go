@@ -24,6 +24,11 @@
 // 1,500 calls/s, the rate is lowered and every latency and timeout stretched by the same
 // factor, so that the calls in flight — what the limit is about — keep the story's values.
 //
+// Then (unless DEMO_OBSERVE=0) it plays the timeline a fourth time through the same manager and
+// agents with the quota under Observe (issue 31): every call forwarded, the agents counting what
+// Enforce would have refused; it prints those counts per phase beside the Enforce run's refusals
+// (not a run of the table or the charts: under Observe the partner is unprotected, as without).
+//
 // At the end it prints the agents' refusals by reason in each phase (their own
 // apportion_agent_rejected_total), and the comparison table (per phase and run: the share of
 // the partner's answers that were 429s and its peak in flight against its limit, goodput, the
@@ -35,7 +40,7 @@
 // Environment: DEMO_RATE (calls/s; default 400, what the 2-core reference VM sustains next to
 // other work), DEMO_SHORT=1 (phases of 4/8/4 s instead of 8/20/14: a quick look, and how the
 // rendering test's fixture was recorded), DEMO_KEEP=1 (keep the logs directory), DEMO_OUT
-// (output directory, default dist/demo in the repository).
+// (output directory, default dist/demo in the repository), DEMO_OBSERVE=0 (no Observe run).
 //
 // It ends on its own in about three minutes with warm caches (2 min 40 s for `make demo` on
 // the 2-core reference VM at a load average of 15; a machine busy with other work takes
@@ -67,6 +72,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/hack/demo/report"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
@@ -473,12 +479,113 @@ func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func(
 	}
 	*refusals = "The agents' refusals by reason (apportion_agent_rejected_total, summed over the agents, per phase): " + strings.Join(parts, "; ") + "."
 	fmt.Printf("   %s\n", *refusals)
-	return rec, s.Monitor.Stats(), err
+	mon := s.Monitor.Stats() // the Enforce run's: the Observe run below is bounded by nothing
+	if err != nil || os.Getenv("DEMO_OBSERVE") == "0" {
+		return rec, mon, err
+	}
+	obs, err := observeRun(ctx, st, s, p, tr, client, byPhase)
+	if err != nil {
+		return rec, mon, fmt.Errorf("the Observe run: %w", err)
+	}
+	*refusals += " " + obs
+	return rec, mon, nil
+}
+
+// observeRun plays the timeline once more through the same manager and agents with the quota
+// under Observe (docs/install.md, "Rolling out"), from the story's pods again: every call is
+// forwarded, and the agents count what Enforce would have refused. It returns a sentence that
+// sets, per phase, what they would have refused beside what the Enforce run refused (enforced),
+// and what the partner answered meanwhile.
+func observeRun(ctx context.Context, st settings, s *harness.Scenario, p *partner, tr *readiness, c *http.Client,
+	enforced []map[string]float64) (string, error) {
+	fmt.Println("\n== run 4 (not in the table): with Apportion under Observe — every call forwarded, the agents count what Enforce would have refused")
+	if err := s.Workload.ScaleTo(ctx, storyPods, harness.ScaleOptions{Step: 200 * time.Millisecond}); err != nil {
+		return "", err
+	}
+	dq, err := s.Quota(ctx)
+	if err != nil {
+		return "", err
+	}
+	orig := dq.DeepCopy()
+	dq.Spec.Enforcement = apportionv1.EnforcementObserve
+	if err := s.Env.CP.Client.Patch(ctx, dq, client.MergeFrom(orig)); err != nil {
+		return "", fmt.Errorf("switching the quota to Observe: %w", err)
+	}
+	if err := s.WaitPermits(ctx, s.PerPod(storyPods), 90*time.Second); err != nil {
+		return "", err
+	}
+	t0 := time.Now()
+	for {
+		sts, err := s.States(ctx)
+		observing := 0
+		for _, st := range sts {
+			for _, d := range st.Downstreams {
+				if d.Name == s.Cfg.Quota && d.Observe {
+					observing++
+				}
+			}
+		}
+		if err == nil && observing == storyPods && len(tr.pods()) == storyPods {
+			break
+		}
+		if time.Since(t0) > 30*time.Second {
+			return "", errors.Join(fmt.Errorf("after 30 s %d of %d agents observe, %d pods ready", observing, storyPods, len(tr.pods())), err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	fmt.Printf("   %d pods, every agent under Observe (after %s)\n", storyPods, time.Since(t0).Round(100*time.Millisecond))
+	const wouldMetric = "apportion_agent_would_refuse_total{"
+	prev := agentCounts(ctx, s, c, wouldMetric)
+	byPhase := make([]map[string]float64, len(st.phases()))
+	phaseEnd := func(i int) {
+		cur := agentCounts(ctx, s, c, wouldMetric)
+		byPhase[i] = map[string]float64{}
+		for r, v := range cur {
+			if d := v - prev[r]; d > 0 {
+				byPhase[i][r] = d
+			}
+		}
+		prev = cur
+	}
+	smp := func(at time.Duration) report.Sample {
+		return report.Sample{At: at, Pods: len(tr.pods()), PartnerPeak: p.takePeak()}
+	}
+	scaleUp := func(ctx context.Context) error {
+		return s.Workload.ScaleTo(ctx, storyPodsAfter, harness.ScaleOptions{Step: 200 * time.Millisecond})
+	}
+	rec, err := play(ctx, st, p, tr.pods, smp, scaleUp, phaseEnd)
+	if err != nil {
+		return "", err
+	}
+	run := report.Build(rec, st.phases())
+	var parts []string
+	for i, ph := range st.phases() {
+		var would float64
+		for _, v := range byPhase[i] {
+			would += v
+		}
+		part := fmt.Sprintf("%s: would refuse %s (%.1f %% of %d calls; Enforce refused %s)", ph.Name, reasons(byPhase[i]),
+			100*would/float64(max(run.Summary[i].Calls, 1)), run.Summary[i].Calls, reasons(enforced[i]))
+		part += fmt.Sprintf(", the partner answered 429 to %.1f %% and peaked at %d in flight", 100*run.Summary[i].PartnerTooManyShare, run.Summary[i].PartnerPeak)
+		parts = append(parts, part)
+	}
+	out := "Under Observe (a fourth run, same timeline, every call forwarded; apportion_agent_would_refuse_total per phase): " + strings.Join(parts, "; ") + "."
+	fmt.Printf("   %s\n", out)
+	return out, nil
 }
 
 // rejections sums apportion_agent_rejected_total by reason over the running agents.
 func rejections(ctx context.Context, s *harness.Scenario, c *http.Client) map[string]float64 {
-	const metric = "apportion_agent_rejected_total{"
+	return agentCounts(ctx, s, c, "apportion_agent_rejected_total{")
+}
+
+// agentCounts sums a counter labelled reason (metric: its name and the opening brace) by reason
+// over the running agents.
+func agentCounts(ctx context.Context, s *harness.Scenario, c *http.Client, metric string) map[string]float64 {
 	sum := map[string]float64{}
 	for _, a := range s.Workload.Agents() {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.ControlURL()+"/metrics", nil)

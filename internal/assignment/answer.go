@@ -30,6 +30,8 @@ const (
 	// [a-z0-9-].
 	MaxCapabilities     = 16
 	MaxCapabilityLength = 64
+	// MaxSecondCounts bounds DownstreamState.Seconds: the per-second counts of the last minute.
+	MaxSecondCounts = 60
 	// MaxBreakerLength bounds DownstreamState.Breaker ("closed", "open", "half-open").
 	MaxBreakerLength = 16
 	// (State.Instance is a token of [0-9a-f], the agent's 16 long, of at most
@@ -69,18 +71,20 @@ const (
 	laneStateBytes = len(`{"name":"","reserved":,"inFlight":,"waiting":,"borrowed":,"rejected":}`) +
 		MaxDownstreamNameLength + 4*jsonInt32 + rejectedBytes
 	// A DownstreamState: the fixed text, its name, five counts, the breaker, two counters, a
-	// Rejected map, MaxLaneStates lanes. About 5.8 KiB, of which the lanes take nine tenths.
-	downstreamStateBytes = len(`{"name":"","permits":,"effectivePermits":,"limit":,"inFlight":,"waiting":,"breaker":"","requests":,"upstream429":,"rejected":,"lanes":[]}`) +
+	// Rejected map, MaxLaneStates lanes, the Observe flag, a WouldRefuse map, the per-second
+	// counts. About 7.2 KiB, of which the lanes take three quarters.
+	downstreamStateBytes = len(`{"name":"","permits":,"effectivePermits":,"limit":,"inFlight":,"waiting":,"breaker":"","requests":,"upstream429":,"rejected":,"lanes":[],"observe":true,"wouldRefuse":,"secondsEnd":,"seconds":[]}`) +
 		MaxDownstreamNameLength + 5*jsonInt32 + MaxBreakerLength + 2*jsonInt64 + rejectedBytes +
-		MaxLaneStates*laneStateBytes + MaxLaneStates - 1
+		MaxLaneStates*laneStateBytes + MaxLaneStates - 1 +
+		rejectedBytes + jsonInt64 + MaxSecondCounts*jsonInt32 + MaxSecondCounts - 1
 	// A SwitchState: the fixed text, an escaped switch name, a time.
 	switchStateBytes = len(`{"name":"","active":false,"expiresAt":}`) + jsonEscaped*MaxSwitchNameLength + jsonTime
 
 	// MaxStateBytes caps a State answer: the longest State the bounds allow, the fixed text,
 	// its instance, uptime, epoch, generation and lease end, MaxDownstreams downstreams,
-	// MaxSwitches switches and MaxCapabilities capabilities. 305 KiB: the downstreams 180, the
+	// MaxSwitches switches and MaxCapabilities capabilities. 342 KiB: the downstreams 217, the
 	// switches 124. TestMaxStateBytes encodes that State to exactly this many bytes; a real
-	// agent's longest is 244 KiB (TestRealAgentStateWithinBounds), a realistic State 1 KiB.
+	// agent's longest is 273 KiB (TestRealAgentStateWithinBounds), a realistic State 1 KiB.
 	MaxStateBytes = len(`{"instance":"","uptime":,"epoch":,"generation":,"configured":false,"leaseExpiresAt":,"leaseExpired":false,"downstreams":[],"switches":[],"capabilities":[]}`) +
 		MaxInstanceLength + jsonDuration + 2*jsonInt64 + jsonTime +
 		MaxDownstreams*downstreamStateBytes + MaxDownstreams - 1 +
@@ -106,6 +110,7 @@ var (
 		boundedList[LaneState](MaxLaneStates),
 		boundedList[SwitchState](MaxSwitches),
 		boundedList[string](MaxCapabilities),
+		boundedList[int32](MaxSecondCounts),
 		boundedMap(MaxRejectedReasons),
 	)
 	stateOptions   = jsonv2.JoinOptions(answerOptions, jsonv2.WithUnmarshalers(stateUnmarshalers))

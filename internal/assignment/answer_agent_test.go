@@ -92,7 +92,7 @@ func TestRealAgentStateWithinBounds(t *testing.T) {
 		t.Fatalf("instance %q", st.Instance)
 	}
 	st.Uptime = assignment.Duration(math.MaxInt64)
-	st.Capabilities = []string{assignment.CapabilityBatchSignatures}
+	st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve}
 	rejected := func() map[string]int64 {
 		m := map[string]int64{}
 		for _, r := range metrics.Reasons {
@@ -107,6 +107,13 @@ func TestRealAgentStateWithinBounds(t *testing.T) {
 		}
 		d.InFlight, d.Waiting, d.Limit = math.MaxInt32, math.MaxInt32, assignment.MaxPermits
 		d.Breaker, d.Requests, d.Upstream429, d.Rejected = longestBreaker, math.MaxInt64, math.MaxInt64, rejected()
+		d.Observe, d.WouldRefuse, d.SecondsEnd = true, rejected(), math.MaxInt64
+		if len(d.Seconds) == 0 || len(d.Seconds) > assignment.MaxSecondCounts {
+			t.Fatalf("the agent reports %d per-second counts, want 1..MaxSecondCounts", len(d.Seconds))
+		}
+		for k := range d.Seconds {
+			d.Seconds[k] = math.MaxInt32
+		}
 		for j := range d.Lanes {
 			l := &d.Lanes[j]
 			l.Reserved, l.InFlight, l.Waiting, l.Borrowed, l.Rejected = math.MaxInt32, math.MaxInt32, math.MaxInt32, math.MaxInt32, rejected()

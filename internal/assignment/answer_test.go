@@ -37,7 +37,10 @@ func extremeState() State {
 		d := DownstreamState{Name: name(byte('a' + i%26)), Permits: math.MinInt32, EffectivePermits: math.MinInt32,
 			Limit: math.MinInt32, InFlight: math.MinInt32, Waiting: math.MinInt32,
 			Breaker: strings.Repeat("h", MaxBreakerLength), Requests: math.MinInt64, Upstream429: math.MinInt64,
-			Rejected: rejected()}
+			Rejected: rejected(), Observe: true, WouldRefuse: rejected(), SecondsEnd: math.MinInt64}
+		for range MaxSecondCounts {
+			d.Seconds = append(d.Seconds, math.MinInt32)
+		}
 		for j := range MaxLaneStates {
 			d.Lanes = append(d.Lanes, LaneState{Name: name(byte('a' + j)), Reserved: math.MinInt32, InFlight: math.MinInt32,
 				Waiting: math.MinInt32, Borrowed: math.MinInt32, Rejected: rejected()})

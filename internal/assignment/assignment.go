@@ -90,7 +90,17 @@ type Downstream struct {
 	// the system roots, the URL's host as the server name, TLS 1.2 at least. Only with an https
 	// Upstream.
 	TLS *UpstreamTLS `json:"tls,omitempty"`
+	// Observe makes the agent forward every call at once and only count, by reason, what it
+	// would have refused (DownstreamState.WouldRefuse). The calls it forwards hold the permits
+	// as any call does, beyond them if need be, so they count against the permits until they
+	// end (docs/protocol.md §11b). Sent only to agents with CapabilityObserve (an older agent's
+	// strict decoding refuses the member).
+	Observe bool `json:"observe,omitempty"`
 }
+
+// CapabilityObserve is the State capability of an agent that knows Downstream.Observe,
+// Switch.DryRun, and reports DownstreamState.WouldRefuse and the per-second counts.
+const CapabilityObserve = "observe"
 
 // Ramp shapes as they travel.
 const (
@@ -215,6 +225,9 @@ type Switch struct {
 	Methods []string `json:"methods,omitempty"`
 	// Action is the answer given instead of calling the downstream.
 	Action Fallback `json:"action"`
+	// DryRun makes the switch observe only: the calls it matches pass on as if it were off, and
+	// are counted as would-refuse "degraded". Sent only to agents with CapabilityObserve.
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 // HeaderMatch matches a header by exact value.
@@ -275,6 +288,18 @@ type DownstreamState struct {
 	Rejected    map[string]int64 `json:"rejected,omitempty"`
 	// Lanes, when the downstream has lanes: the declared ones in order, then "default" (lanes.go).
 	Lanes []LaneState `json:"lanes,omitempty"`
+	// Observe is true when the downstream is under Observe (Downstream.Observe) in the
+	// assignment the agent holds: every call is forwarded, and InFlight may exceed Permits.
+	Observe bool `json:"observe,omitempty"`
+	// WouldRefuse counts, since the agent started and by reason (Rejected's), the calls forwarded
+	// under Observe or past a dry-run switch that enforcing would have refused.
+	WouldRefuse map[string]int64 `json:"wouldRefuse,omitempty"`
+	// SecondsEnd and Seconds are the calls addressed to the downstream in each of the last
+	// whole seconds (Unix seconds, aligned to the wall clock's), oldest first: Seconds[i] counts
+	// the second that starts at SecondsEnd − len(Seconds) + i, and SecondsEnd is the start of
+	// the current, incomplete second, which is not reported. At most MaxSecondCounts.
+	SecondsEnd int64   `json:"secondsEnd,omitempty"`
+	Seconds    []int32 `json:"seconds,omitempty"`
 }
 
 // SwitchState is one switch as the agent holds it.

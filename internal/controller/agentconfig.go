@@ -41,6 +41,7 @@ func downstreamTemplate(dq *apportionv1.DownstreamQuota) assignment.Downstream {
 		RequestTimeout: durOr(p.RequestTimeout, apportionv1.DefaultRequestTimeout),
 		Fallback:       fallbackFor(p.Fallback),
 		Lanes:          lanesFor(dq),
+		Observe:        dq.Spec.Enforcement == apportionv1.EnforcementObserve,
 	}
 	if rc := dq.Spec.Rate; rc != nil {
 		d.Rate = &assignment.Rate{Mode: string(cmp.Or(rc.Mode, apportionv1.DefaultRateMode))}

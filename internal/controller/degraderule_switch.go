@@ -49,6 +49,7 @@ func switchOf(rule *apportionv1.DegradeRule) push.TargetedSwitch {
 		ExpiresAt:  rule.Spec.ExpiresAt.UTC(),
 		Percent:    apportionv1.DefaultDegradePercent,
 		Action:     fallbackFor(&rule.Spec.Action),
+		DryRun:     rule.Spec.DryRun,
 	}
 	if s := rule.Spec.Scope; s != nil {
 		sw.Percent = ptr.Deref(s.Percent, apportionv1.DefaultDegradePercent)

@@ -95,6 +95,10 @@ type DownstreamQuotaReconciler struct {
 	// RemainderRotation is how often the permits left by rounding move to other pods
 	// (downstreamquota_sharing.go; 0: DefaultRemainderRotation; negative: never).
 	RemainderRotation time.Duration
+
+	// usage holds the quotas' usage gauges (downstreamquota_usage.go); nil until SetupWithManager
+	// made them (a reconciler used without it exports none).
+	usage *usageMetrics
 }
 
 // +kubebuilder:rbac:groups=apportion.io,resources=downstreamquotas,verbs=get;list;watch
@@ -134,7 +138,11 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	policy := r.policy()
 	a := decideAssignment(in, policy)
 	report := r.assign(req.NamespacedName, a)
-	return r.act(ctx, req.NamespacedName, in.Quota.UID, decideStatus(in, policy, a, report))
+	d := decideStatus(in, policy, a, report)
+	if report != nil {
+		r.usage.observe(req.NamespacedName, in.Quota, &d.Status)
+	}
+	return r.act(ctx, req.NamespacedName, in.Quota.UID, d)
 }
 
 // policy is the reconciler's settings as a decision reads them, defaults filled in.
@@ -190,6 +198,7 @@ func (r *DownstreamQuotaReconciler) forget(key types.NamespacedName) {
 	r.decided.Delete(key)
 	r.sharing.Delete(key)
 	r.statusWriter().forget(key)
+	r.usage.forget(key)
 	if r.Pusher != nil {
 		r.Pusher.DeleteQuota(key)
 	}
@@ -213,6 +222,13 @@ func (r *DownstreamQuotaReconciler) statusWriter() *quotaStatusWriter {
 // SetupWithManager wires the watches. Pods, workloads and HPAs are mapped to the quotas that name
 // them through field indexes (see SetupIndexes), so no event lists every quota.
 func (r *DownstreamQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Pusher != nil {
+		m, err := newUsageMetrics(r.Registry)
+		if err != nil {
+			return err
+		}
+		r.usage = m
+	}
 	if r.StatusWriters > 0 {
 		w, err := NewStatusWriter(StatusWriterOptions[quotaStatusUpdate]{
 			Name:     "downstreamquota_status",

@@ -84,7 +84,7 @@ func decideStatus(in *quotaInputs, p quotaPolicy, a quotaAssignment, report *pus
 	if rebalanceMessage(in.Base.Targets, st.Targets) != "" {
 		st.LastRebalanceTime = &now
 	}
-	c := eventContext{Quota: in.Quota, Before: &in.Base, After: &st, Shared: a.Shared, Report: report}
+	c := eventContext{Quota: in.Quota, Before: &in.Base, After: &st, Shared: a.Shared, Report: report, Now: in.Now}
 	var events []statusEvent
 	for _, rule := range quotaEventRules {
 		if e, ok := rule(&c); ok {
@@ -100,6 +100,7 @@ type eventContext struct {
 	Before, After *apportionv1.DownstreamQuotaStatus
 	Shared        *shareResult // nil unless DemandAware with an engine
 	Report        *push.Report // nil without an engine
+	Now           time.Time    // the decision's time
 }
 
 // quotaEventRules are the Events a decision records, each a rule over the change of status, in
@@ -112,6 +113,7 @@ var quotaEventRules = [...]func(*eventContext) (statusEvent, bool){
 	podsWithoutAgentEvent,
 	podsUnreachableEvent,
 	insecureTLSEvent,
+	nearLimitEvent,
 }
 
 // sharesMovedEvent: a DemandAware round moved more than the quota's threshold of the budget.
@@ -329,6 +331,8 @@ func computeStatus(dq *apportionv1.DownstreamQuota, obs []targetObservation, spl
 	}
 
 	if report != nil {
+		setUsage(&st, usageOf(dq, split.Budget, report, now.Time), split.Budget,
+			int32Or(dq.Spec.WarnAtPercent, apportionv1.DefaultWarnAtPercent), now)
 		switch {
 		case len(report.Unreachable) > 0:
 			msg := fmt.Sprintf("agents not reachable: %s; their permits stay counted until their lease passes", strings.Join(report.Unreachable, ", "))

@@ -73,7 +73,7 @@ func TestDecide(t *testing.T) {
 		// permits are the desired permits per pod (nil: not checked), assigned their sum.
 		permits  []int32
 		assigned int32
-		requeue  func(time.Duration) bool // nil: never
+		requeue  func(time.Duration) bool // nil: every usageStatusPeriod (with an engine, as here)
 	}{
 		{
 			name: "healthy, first decision", quota: quota.Obj(), obs: eight, report: converged,
@@ -167,7 +167,7 @@ func TestDecide(t *testing.T) {
 			outranked: []string{apportionv1.ReasonPodsWithoutAgent, apportionv1.ReasonRecovering, apportionv1.ReasonPushing},
 			reachable: "False: AgentNotFound",
 			// which 4 of the 8 pods get the one permit each follows the rotation
-			requeue:  func(d time.Duration) bool { return d > 0 && d <= DefaultRemainderRotation },
+			requeue:  func(d time.Duration) bool { return d > 0 && d <= usageStatusPeriod },
 			assigned: 4,
 		},
 		{
@@ -191,7 +191,7 @@ func TestDecide(t *testing.T) {
 			prior: gatewayObs(decidePods(12, 12)), priorReport: converged,
 			ready: apportioned, reachable: allReachable,
 			// which 4 of the 12 pods hold one more (4) follows the rotation
-			requeue:  func(d time.Duration) bool { return d > 0 && d <= DefaultRemainderRotation },
+			requeue:  func(d time.Duration) bool { return d > 0 && d <= usageStatusPeriod },
 			assigned: 40,
 		},
 	} {
@@ -296,7 +296,7 @@ func TestDecide(t *testing.T) {
 			}
 			wantRequeue := tc.requeue
 			if wantRequeue == nil {
-				wantRequeue = func(d time.Duration) bool { return d == 0 }
+				wantRequeue = func(d time.Duration) bool { return d == usageStatusPeriod }
 			}
 			if !wantRequeue(d.Requeue) {
 				t.Errorf("requeue after %v", d.Requeue)
@@ -336,7 +336,8 @@ func TestReadyPrecedence(t *testing.T) {
 }
 
 // A DemandAware quota is looked at again every sharing period and its shares stay within the
-// budget; a quota with lanes every lanes' status period; neither without an engine.
+// budget; a quota with lanes every lanes' status period; any other every usage period; none
+// without an engine.
 func TestDecideRequeue(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	demandAwareQuota := builders.MakeDownstreamQuota("logistics", "shop").Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj()
@@ -352,6 +353,8 @@ func TestDecideRequeue(t *testing.T) {
 		{"DemandAware", demandAwareQuota, true, 3 * time.Second},
 		{"DemandAware without an engine", demandAwareQuota, false, 0},
 		{"lanes", lanesQuota, true, lanesStatusPeriod},
+		{"Equal, no lanes: the usage's period", builders.MakeDownstreamQuota("logistics", "shop").Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj(), true, usageStatusPeriod},
+		{"Equal without an engine", builders.MakeDownstreamQuota("logistics", "shop").Limit(50).Target(apportionv1.KindDeployment, "gateway").Obj(), false, 0},
 	} {
 		p := quotaPolicy{Push: tc.push, SharingPeriod: 3 * time.Second, RemainderRotation: DefaultRemainderRotation,
 			Sharing: (&DownstreamQuotaReconciler{}).sharingParams()}

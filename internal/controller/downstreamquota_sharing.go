@@ -138,8 +138,10 @@ func requeueFor(dq *apportionv1.DownstreamQuota, p quotaPolicy, split apportion.
 	return d
 }
 
-// periodicRequeue is the requeue of DemandAware quotas and quotas with lanes (requeueFor), with
-// an engine: without one there is neither demand to sample nor lanes reported.
+// periodicRequeue is the periodic requeue of a quota with an engine (requeueFor): DemandAware
+// quotas are re-evaluated every SharingPeriod, quotas with lanes refresh their lanes' status every
+// lanesStatusPeriod, and every other one its usage every usageStatusPeriod. Without an engine
+// there is neither demand to sample nor anything reported.
 func periodicRequeue(dq *apportionv1.DownstreamQuota, p quotaPolicy) time.Duration {
 	switch {
 	case !p.Push:
@@ -149,7 +151,7 @@ func periodicRequeue(dq *apportionv1.DownstreamQuota, p quotaPolicy) time.Durati
 	case len(dq.Spec.Lanes) > 0:
 		return lanesStatusPeriod
 	}
-	return 0
+	return usageStatusPeriod
 }
 
 // sharingParams are the reconciler's tunables.

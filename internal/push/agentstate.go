@@ -26,6 +26,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 		p.instance = st.Instance
 	}
 	p.batchSig = st.Has(assignment.CapabilityBatchSignatures)
+	p.observe = st.Has(assignment.CapabilityObserve)
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {
@@ -78,10 +79,12 @@ func observeEntries(p *podState, st *assignment.State, now time.Time) {
 	for k, e := range p.entries {
 		e.inflight, e.inflightAt, e.requests = 0, now, 0
 		e.waiting, e.refused, e.lanes = 0, 0, nil
+		e.secondsEnd, e.seconds, e.observing = 0, nil, false
 		for _, d := range st.Downstreams {
 			if d.Name == k.Name {
 				e.inflight, e.requests = max(d.InFlight, 0), d.Requests
 				e.waiting, e.refused, e.lanes = max(d.Waiting, 0), d.Rejected["no-permit"], d.Lanes
+				e.secondsEnd, e.seconds, e.observing = d.SecondsEnd, d.Seconds, d.Observe
 				break
 			}
 		}

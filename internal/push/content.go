@@ -56,6 +56,9 @@ func (c *core) rebuild(p *podState) {
 			// Burst 0 is the pod's share when the pods outnumber the burst: the agent paces it.
 			d.Rate = &assignment.Rate{PerSecond: e.desired.RatePerSecond, Burst: max(e.desired.RateBurst, 0), Mode: mode}
 		}
+		// Observe only to an agent that knows it; an agent not heard from yet enforces. Enforcing
+		// is the safe side: it admits within the permits the ledger counts.
+		d.Observe = d.Observe && p.observe
 		e.maxRequestTimeout = max(e.maxRequestTimeout, d.RequestTimeout.D())
 		a.Downstreams = append(a.Downstreams, d)
 		if !e.present {
@@ -66,6 +69,9 @@ func (c *core) rebuild(p *podState) {
 				continue
 			}
 			sw := ts.Switch
+			if sw.DryRun && !p.observe {
+				continue // an older agent would refuse it, or (without the member) enforce it
+			}
 			sw.Downstream = d.Name
 			if !slices.ContainsFunc(a.Switches, func(s assignment.Switch) bool { return s.Name == sw.Name }) {
 				a.Switches = append(a.Switches, sw)

@@ -56,3 +56,54 @@ func TestInvalidDownstreamKeepsTheLastContent(t *testing.T) {
 		t.Fatalf("ledger %d, want 20 (both agents still hold 10)", r.Ledger)
 	}
 }
+
+// Observe and dry-run switches go only to agents that advertise CapabilityObserve: an older
+// agent's strict decoding would refuse the members (and a dry-run switch sent without its
+// member would be enforced). The others enforce, and get the switches in force only.
+func TestObserveOnlyToAgentsThatKnowIt(t *testing.T) {
+	d := quota(20, 4, 5, 3)
+	d.Downstream.Observe = true
+	at := time.Date(2026, 7, 2, 0, 0, 0, 0, time.UTC)
+	d.Switches = []TargetedSwitch{
+		{Switch: assignment.Switch{Name: "ns/dry", ExpiresAt: at, Percent: 100, Action: assignment.Fallback{Action: assignment.ActionReject}, DryRun: true}},
+		{Switch: assignment.Switch{Name: "ns/real", ExpiresAt: at, Percent: 100, Action: assignment.Fallback{Action: assignment.ActionReject}}},
+	}
+	h := converged(t, d, nil)
+	knows, not := 0, 0
+	for _, ep := range []string{"http://p0", "http://p1", "http://p2", "http://p3"} {
+		ag := h.agent(ep)
+		a := ag.a
+		var names []string
+		for _, sw := range a.Switches {
+			names = append(names, sw.Name)
+		}
+		if ag.batch {
+			knows++
+			if !a.Downstreams[0].Observe || len(a.Switches) != 2 || !a.Switches[0].DryRun {
+				t.Errorf("%s knows Observe: observe %v, switches %v; want Observe and both switches", ep, a.Downstreams[0].Observe, names)
+			}
+		} else {
+			not++
+			if a.Downstreams[0].Observe || len(a.Switches) != 1 || a.Switches[0].Name != "ns/real" {
+				t.Errorf("%s does not know Observe: observe %v, switches %v; want Enforce and ns/real only", ep, a.Downstreams[0].Observe, names)
+			}
+		}
+	}
+	if knows == 0 || not == 0 {
+		t.Fatalf("%d agents know Observe, %d do not: the test needs both", knows, not)
+	}
+}
+
+// The per-second counts an agent reports reach the quota's Report with its holding, on a quiet
+// renewal too (they never change what the ledger counts).
+func TestReportCarriesTheSecondCounts(t *testing.T) {
+	h := converged(t, quota(20, 2, 5, 2), nil)
+	a0 := h.agent("http://p0")
+	a0.secondsEnd, a0.seconds = 1_000_000, []int32{3, 7}
+	h.advance(DefaultRenewEvery)
+	h.settle()
+	hp := h.holding(h.report("ns", "q"), "p0")
+	if hp.SecondsEnd != 1_000_000 || len(hp.Seconds) != 2 || hp.Seconds[1] != 7 {
+		t.Fatalf("p0's holding %+v, want the reported seconds", hp)
+	}
+}

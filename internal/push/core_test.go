@@ -697,3 +697,46 @@ func TestNextRenewalOnTheGrid(t *testing.T) {
 		}
 	}
 }
+
+// Under Observe a pod's calls in flight beyond its grant are not counted: the ledger stays at
+// Σ grants (the grant stays reserved) and another pod can still be raised into free room. Once
+// the quota is Enforce they are counted at once, from the last report, until they drain.
+func TestObserveInFlightIsNotCountedUntilEnforce(t *testing.T) {
+	d := quota(20, 2, 5, 2) // 10 of 20 granted: room for a raise
+	d.Downstream.Observe = true
+	h := converged(t, d, nil)
+	a0 := h.agent("http://p0")
+	if !a0.batch {
+		a0 = h.agent("http://p1") // the one that advertises Observe
+	}
+	ep := "p0"
+	if a0 == h.agent("http://p1") {
+		ep = "p1"
+	}
+	if !a0.a.Downstreams[0].Observe {
+		t.Fatal("the agent that knows Observe was not sent it")
+	}
+	a0.inflight["q"] = 17
+	h.advance(DefaultRenewEvery)
+	h.settle()
+	r := h.report("ns", "q")
+	if hp := h.holding(r, ep); hp.InFlight != 17 || hp.Counted != 5 || r.Ledger != 10 {
+		t.Fatalf("under Observe: %s %+v, ledger %d; want 17 in flight counted at its grant 5, ledger 10", ep, hp, r.Ledger)
+	}
+	// Enforce: Σ counted is above the limit while the Observe calls drain, as after a lowered
+	// maxInFlight (docs/protocol.md §11 and §11b); the harness's ledger check does not apply.
+	h.check = func() {}
+	d.Downstream.Observe = false
+	h.set(d)
+	h.settle()
+	r = h.report("ns", "q")
+	if hp := h.holding(r, ep); hp.Counted != 17 || r.Ledger != 22 {
+		t.Fatalf("under Enforce: %s %+v, ledger %d; want counted at its 17 calls in flight, ledger 22", ep, hp, r.Ledger)
+	}
+	a0.inflight["q"] = 3
+	h.advance(hPoll)
+	h.settle()
+	if r = h.report("ns", "q"); r.Ledger != 10 {
+		t.Fatalf("drained to 3: ledger %d, want 10", r.Ledger)
+	}
+}

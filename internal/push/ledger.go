@@ -295,12 +295,18 @@ type entry struct {
 
 	inflight   int32 // calls in flight for this downstream at the last report
 	inflightAt time.Time
-	requests   int64 // the agent's request counter at the last report (it only grows within a process)
+	// observing: the last report said the downstream is under Observe (its calls are admitted
+	// beyond the permits; see held and docs/protocol.md §11b).
+	observing bool
+	requests  int64 // the agent's request counter at the last report (it only grows within a process)
 	// demand: what the agent last reported queued and refused for lack of a permit (its counter
 	// since it started), and its lanes; for demand-aware sharing and status only, never counted.
 	waiting int32
 	refused int64
 	lanes   []assignment.LaneState
+	// secondsEnd, seconds: the per-second call counts last reported, for status only.
+	secondsEnd int64
+	seconds    []int32
 
 	// carry is what the pod's previous agent process may still have running after the agent
 	// restarted (its state went backwards): counted on top of everything else until carryUntil.
@@ -335,7 +341,10 @@ type podState struct {
 	instance   string // the agent process of the last report (assignment.State.Instance)
 	// batchSig: the last report advertised assignment.CapabilityBatchSignatures (its requests
 	// may be signed in a batch with others).
-	batchSig  bool
+	batchSig bool
+	// observe: the last report advertised assignment.CapabilityObserve: the pod may be sent
+	// Downstream.Observe and dry-run switches (an older agent's strict decoding refuses them).
+	observe   bool
 	lastEpoch int64 // the (epoch, generation) of the last report, to notice a restarted agent
 	lastGen   int64
 	reportAt  time.Time // when the last report arrived
@@ -439,7 +448,13 @@ func (l *ledger) held(e *entry, now time.Time) (n, phantom, carry int32, next ti
 			count(fallback, time.Time{})
 		}
 	}
-	if !e.inflightAt.IsZero() {
+	// The in-flight term bounds the calls the agent's semaphore admitted (Lemma 1). Calls admitted
+	// under Observe are bounded by nothing: while the quota is Observe and the agent says it
+	// observes, they are not counted, so that what they run beyond the grant neither shows as an
+	// oversubscribed ledger nor holds back other pods' permits (the grant stays reserved: counted
+	// is at least it). Once the quota is Enforce they are counted again at once, on the last
+	// report, and the Enforce acknowledgement reports them all (§11b).
+	if !e.inflightAt.IsZero() && (!e.observing || !e.quota.desired.Downstream.Observe) {
 		count(e.inflight, e.inflightAt.Add(e.maxRequestTimeout))
 	}
 	for _, v := range p.versions {

@@ -32,11 +32,16 @@ type modelAgent struct {
 	// calls run on at the downstream but are no longer reported, and one added again starts
 	// from an empty semaphore and zero counters, as in package enforce.
 	inc map[string]int
-	// batch: the agent advertises assignment.CapabilityBatchSignatures (every other one does).
+	// batch: the agent advertises assignment.CapabilityBatchSignatures and CapabilityObserve
+	// (every other one does).
 	batch bool
 	// claim, when set, is the epoch every answer claims (a lying pod); the agent behind it still
 	// applies what it is sent.
 	claim int64
+	// secondsEnd and seconds, when set by a test, are the per-second counts every downstream
+	// reports.
+	secondsEnd int64
+	seconds    []int32
 }
 
 type modelCall struct {
@@ -90,7 +95,7 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 		st.Epoch = m.claim
 	}
 	if m.batch {
-		st.Capabilities = []string{assignment.CapabilityBatchSignatures}
+		st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve}
 	}
 	if !m.started.IsZero() {
 		st.Uptime = assignment.Duration(max(now.Sub(m.started), time.Millisecond))
@@ -99,7 +104,7 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 		for _, d := range m.a.Downstreams {
 			st.Downstreams = append(st.Downstreams, assignment.DownstreamState{
 				Name: d.Name, Permits: d.Permits, EffectivePermits: m.limit(d.Name, now), InFlight: m.inFlight(d.Name, now),
-				Requests: m.requests[d.Name],
+				Requests: m.requests[d.Name], Observe: d.Observe, SecondsEnd: m.secondsEnd, Seconds: m.seconds,
 			})
 		}
 	}

@@ -50,6 +50,7 @@ func (rs *reports) report(key types.NamespacedName, now time.Time) Report {
 			Pod: e.pod.name, Target: e.target, Granted: e.grant, Counted: counted,
 			InFlight: e.inflight, Synced: s, Gone: !e.present,
 			Waiting: e.waiting, RefusedNoPermit: e.refused, Lanes: e.lanes,
+			SecondsEnd: e.secondsEnd, Seconds: e.seconds,
 		})
 		if rs.ledger.unreachable(e.pod) {
 			r.Unreachable = append(r.Unreachable, e.pod.name)

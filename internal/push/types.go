@@ -115,6 +115,10 @@ type Holding struct {
 	Waiting         int32
 	RefusedNoPermit int64
 	Lanes           []assignment.LaneState
+	// SecondsEnd and Seconds are the per-second call counts the agent last reported
+	// (assignment.DownstreamState's): for the quota's busiest second; never counted.
+	SecondsEnd int64
+	Seconds    []int32
 	// Synced is true when the agent acknowledged holding the pod's desired permits (0 for a
 	// terminating pod) and that is also what is granted.
 	Synced bool

@@ -143,10 +143,14 @@ func bootAgents(t *testing.T, ctx context.Context, n int, a assignment.Assignmen
 			t.Fatalf("agent %d: %v", i, err)
 		}
 		t.Cleanup(func() { _ = ag.Stop(2 * time.Second) })
+		agents = append(agents, ag)
+	}
+	// Started together, they get ready together: waiting for each before starting the next
+	// took n times one agent's start on a busy machine.
+	for i, ag := range agents {
 		if err := ag.WaitReady(ctx, 20*time.Second); err != nil {
 			t.Fatalf("agent %d: %v", i, err)
 		}
-		agents = append(agents, ag)
 	}
 	return agents
 }

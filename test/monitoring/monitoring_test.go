@@ -26,6 +26,7 @@ import (
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	agentmetrics "github.com/apportion/apportion/internal/agent/metrics"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/controller"
 	"github.com/apportion/apportion/internal/push"
 )
 
@@ -202,7 +203,9 @@ func TestOverlayDecodesAndNamesRealMetrics(t *testing.T) {
 	}
 	// The alerts issue 12 asks for.
 	for _, a := range []string{"ApportionQuotaOversubscribed", "ApportionPodsUnreachable", "ApportionLedgerNearLimit",
-		"ApportionAgentLeaseExpired", "ApportionBreakerOpen", "ApportionDownstream429"} {
+		"ApportionAgentLeaseExpired", "ApportionBreakerOpen", "ApportionDownstream429",
+		// and issue 31: the warning threshold, and what Observe would refuse.
+		"ApportionQuotaNearLimit", "ApportionObserveWouldRefuse"} {
 		if !alerts[a] {
 			t.Errorf("PrometheusRule lacks alert %s", a)
 		}
@@ -223,7 +226,8 @@ func TestOverlayDecodesAndNamesRealMetrics(t *testing.T) {
 			exprs = append(exprs, tg.Expr)
 		}
 	}
-	for _, want := range []string{"In-flight / permits per downstream", "Rejections by reason", "Per-second peak", "Breaker state"} {
+	for _, want := range []string{"In-flight / permits per downstream", "Rejections by reason", "Per-second peak", "Breaker state",
+		"Utilization", "Would refuse (Observe)"} {
 		if !titles[want] {
 			t.Errorf("dashboard lacks panel %q", want)
 		}
@@ -271,7 +275,10 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, must := range []string{"apportion_agent_inflight", "apportion_manager_limit"} {
+	if err := controller.RegisterUsageMetrics(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, must := range []string{"apportion_agent_inflight", "apportion_manager_limit", "apportion_manager_quota_peak_second_calls"} {
 		if !rec.names[must] {
 			t.Fatalf("registries describe %v, without %s: the collection is broken", slices.Sorted(mapKeys(rec.names)), must)
 		}

@@ -24,8 +24,10 @@ import (
 type Table struct {
 	byName map[string]*Downstream
 	names  []string // sorted
-	// Switches are the degrade switches, in the order of the Assignment.
+	// Switches are the degrade switches in force, in the order of the Assignment; DryRun the
+	// dry-run ones (assignment.Switch.DryRun), which only count the calls they match.
 	Switches     []degrade.Switch
+	DryRun       []degrade.Switch
 	switchStates []switchInfo // sorted by name
 }
 
@@ -72,6 +74,9 @@ type Config struct {
 	// cache and the lean client's pool of its connections survive a push. nil for http.
 	TLS         *upstreamtls.Upstream
 	TLSSettings *upstreamtls.Settings
+	// Observe: every call is forwarded at once, holding a permit beyond the limit if need be,
+	// and what enforcing would have refused is counted (CountWouldRefuse).
+	Observe bool
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
@@ -83,8 +88,13 @@ func (c *Config) SafeLimit() int {
 // Downstream is one downstream's runtime objects. They survive reconfiguration (see the
 // package doc).
 type Downstream struct {
-	Name    string
-	Sem     *semaphore.Semaphore
+	Name string
+	Sem  *semaphore.Semaphore
+	// Shadow is Enforce's model under Observe: a semaphore with Sem's limit and waiters' bound
+	// in which each call forwarded under Observe waits (beside it, never delaying it) and holds a
+	// permit as Enforce would have made it; what it refuses is what Enforce would have refused
+	// (package proxy, observe). Unused under Enforce.
+	Shadow  *semaphore.Semaphore
 	Metrics *metrics.Downstream
 
 	cfg       atomic.Pointer[Config]
@@ -106,6 +116,7 @@ type Downstream struct {
 
 	requests, upstream429, abandoned atomic.Int64
 	rejected                         [metrics.NumReasons]atomic.Int64 // by metrics.Reason*
+	wouldRefuse                      [metrics.NumReasons]atomic.Int64 // by metrics.Reason*
 }
 
 // Config is the configuration in force.
@@ -141,6 +152,13 @@ func (d *Downstream) CountRequest(now time.Time) {
 func (d *Downstream) CountRejected(reason int) {
 	d.rejected[reason].Add(1)
 	d.Metrics.Rejected[reason].Inc()
+}
+
+// CountWouldRefuse counts a call forwarded under Observe, or past a dry-run switch, that
+// enforcing would have refused, by metrics.Reason*.
+func (d *Downstream) CountWouldRefuse(reason int) {
+	d.wouldRefuse[reason].Add(1)
+	d.Metrics.WouldRefuse[reason].Inc()
 }
 
 // CountAbandoned counts a call abandoned at its deadline whose permit is held for AbandonedHold.
@@ -186,6 +204,7 @@ func (d *Downstream) refreshLocked() {
 // semaphore: the lanes first when lowering, the downstream semaphore first when raising, so that
 // the lanes never grant beyond what the downstream semaphore admits at once.
 func (d *Downstream) setSemLimits(n int) {
+	d.Shadow.SetLimit(n)
 	ls := d.Lanes()
 	if ls == nil {
 		d.Sem.SetLimit(n)
@@ -246,7 +265,7 @@ func (d *Downstream) Recovery() (st recovery.Status, ok bool) {
 }
 
 func newDownstream(name string, cfg *Config, m *metrics.Metrics, clk recovery.Clock, now time.Time) *Downstream {
-	d := &Downstream{Name: name, Sem: semaphore.New(0), Metrics: m.Downstream(name), clk: clk, metricsSet: m}
+	d := &Downstream{Name: name, Sem: semaphore.New(0), Shadow: semaphore.New(0), Metrics: m.Downstream(name), clk: clk, metricsSet: m}
 	d.reconfigure(cfg, now)
 	return d
 }
@@ -279,6 +298,7 @@ func (d *Downstream) reconfigure(cfg *Config, now time.Time) {
 	d.refreshLocked()
 	d.limitMu.Unlock()
 	d.Sem.SetMaxWaiting(cfg.MaxWaiting)
+	d.Shadow.SetMaxWaiting(cfg.MaxWaiting)
 	d.cfg.Store(cfg)
 }
 
@@ -309,7 +329,15 @@ func (d *Downstream) state(now time.Time) assignment.DownstreamState {
 			}
 			ds.Rejected[r] = n
 		}
+		if n := d.wouldRefuse[i].Load(); n > 0 {
+			if ds.WouldRefuse == nil {
+				ds.WouldRefuse = map[string]int64{}
+			}
+			ds.WouldRefuse[r] = n
+		}
 	}
+	ds.Observe = cfg.Observe
+	ds.SecondsEnd, ds.Seconds = d.Metrics.Peak.Seconds(now, assignment.MaxSecondCounts)
 	return ds
 }
 
@@ -319,7 +347,11 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 	t := &Table{byName: make(map[string]*Downstream, len(a.Downstreams))}
 	staleBy := map[string]bool{}
 	for _, s := range a.Switches {
-		t.Switches = append(t.Switches, convertSwitch(s))
+		if s.DryRun {
+			t.DryRun = append(t.DryRun, convertSwitch(s))
+		} else {
+			t.Switches = append(t.Switches, convertSwitch(s))
+		}
 		t.switchStates = append(t.switchStates, switchInfo{Name: s.Name, Downstream: s.Downstream, ExpiresAt: s.ExpiresAt})
 		if s.Action.Action == assignment.ActionServeStale {
 			staleBy[s.Downstream] = true
@@ -355,6 +387,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 		}
 		c.DeadlineHeader = d.DeadlineHeader
 		c.TLSSettings = tlsSettings(u, d.TLS)
+		c.Observe = d.Observe
 		c.AbandonedHold = c.RequestTimeout
 		if d.AbandonedHold != nil {
 			c.AbandonedHold = d.AbandonedHold.D()

@@ -189,6 +189,17 @@ func (s *Semaphore) TryAcquire(l int) bool {
 	return ok
 }
 
+// Force takes a permit of lane l at once, whatever the limit and the waiters: a call admitted
+// under Observe, which counts against the lanes until it is released (Release). It reports
+// whether TryAcquire would have taken it.
+func (s *Semaphore) Force(l int) (free bool) {
+	s.mu.Lock()
+	free = s.canBargeLocked(l)
+	s.lanes[l].inFlight++ // not grantLocked: onGrant checks grants within the limits
+	s.mu.Unlock()
+	return free
+}
+
 // Acquire takes a permit of lane l, waiting in the lane's FIFO queue until one is granted or
 // ctx is done. It returns nil if the permit was taken and ctx.Err() otherwise; on error the
 // caller holds nothing.

@@ -16,6 +16,10 @@
 //	rejected_total{reason}                       calls not forwarded: no-permit, rate-limited,
 //	                                             circuit-open, degraded, queue-full,
 //	                                             deadline-exceeded
+//	would_refuse_total{reason}                   calls forwarded under Observe (or past a dry-run
+//	                                             degrade switch) that enforcing would have refused,
+//	                                             by the same reasons
+//	utilization                                  gauge, inflight ÷ permits (0 when no permits)
 //	fallback_total{action}                       answers given instead of the downstream's:
 //	                                             reject, static, serve-stale
 //	upstream_responses_total{class}              1xx..5xx, or "error" (no response: timeout,
@@ -135,6 +139,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	requests, upstream429         *prometheus.CounterVec
+	wouldRefuse                   *prometheus.CounterVec
 	abandoned, tlsFailures        *prometheus.CounterVec
 	rejected, fallback, upstream  *prometheus.CounterVec
 	transitions                   *prometheus.CounterVec
@@ -145,6 +150,7 @@ type Metrics struct {
 	source                        atomic.Pointer[Source]
 	inflightD, waitingD, permitsD *prometheus.Desc
 	breakerD, switchD, peakD      *prometheus.Desc
+	utilizationD                  *prometheus.Desc
 	leaseExpiredD, generationD    *prometheus.Desc
 	lane                          *laneMetrics // lanes.go
 }
@@ -160,6 +166,7 @@ func New() *Metrics {
 	}
 	m.requests = cv("requests_total", "Calls addressed to the downstream.")
 	m.rejected = cv("rejected_total", "Calls not forwarded to the downstream, by reason.", "reason")
+	m.wouldRefuse = cv("would_refuse_total", "Calls forwarded under Observe, or past a dry-run degrade switch, that enforcing would have refused, by reason.", "reason")
 	m.fallback = cv("fallback_total", "Fallback answers given instead of the downstream's, by action.", "action")
 	m.upstream = cv("upstream_responses_total", "Upstream responses by status class; error when none came.", "class")
 	m.upstream429 = cv("upstream_429_total", "Upstream 429 answers, passed through unchanged and never retried.")
@@ -198,6 +205,7 @@ func New() *Metrics {
 	m.permitsD = d("permits", "Effective in-flight limit (lower than assigned after the lease expired).", "downstream")
 	m.breakerD = d("breaker_state", "Circuit breaker state: 0 closed, 1 open, 2 half-open.", "downstream")
 	m.switchD = d("degrade_switch_active", "Whether a degrade switch is in force (1) or not (0).", "downstream", "switch")
+	m.utilizationD = d("utilization", "Calls holding a permit ÷ the effective in-flight limit (0 when the limit is 0); above 1 only under Observe or while a lowered limit drains.", "downstream")
 	m.peakD = d("peak_rps_last_minute", "Highest number of calls in one second within the last 60 seconds.", "downstream")
 	m.leaseExpiredD = d("lease_expired", "1 when the agent runs on safe defaults because its lease passed.")
 	m.generationD = d("config_generation", "Generation of the assignment in force (0 for bootstrap or none).")
@@ -218,6 +226,7 @@ func (m *Metrics) SetSource(s Source) { m.source.Store(&s) }
 type Downstream struct {
 	Requests         prometheus.Counter
 	Rejected         [NumReasons]prometheus.Counter // by Reason*
+	WouldRefuse      [NumReasons]prometheus.Counter // by Reason*
 	Fallback         [3]prometheus.Counter          // by Action*
 	Upstream         [6]prometheus.Counter          // by ClassOf / ClassError
 	Upstream429      prometheus.Counter
@@ -250,6 +259,7 @@ func (m *Metrics) Downstream(name string) *Downstream {
 	}
 	for i, r := range Reasons {
 		d.Rejected[i] = m.rejected.WithLabelValues(name, r)
+		d.WouldRefuse[i] = m.wouldRefuse.WithLabelValues(name, r)
 	}
 	for i, a := range Actions {
 		d.Fallback[i] = m.fallback.WithLabelValues(name, a)
@@ -271,7 +281,7 @@ func (d *Downstream) Transition(from, to string) {
 // Forget deletes every series of a downstream that left the configuration.
 func (m *Metrics) Forget(name string) {
 	l := prometheus.Labels{"downstream": name}
-	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions, m.tlsFailures} {
+	for _, v := range []*prometheus.CounterVec{m.requests, m.rejected, m.wouldRefuse, m.fallback, m.upstream, m.upstream429, m.abandoned, m.transitions, m.tlsFailures} {
 		v.DeletePartialMatch(l)
 	}
 	m.upstreamDuration.DeletePartialMatch(l)
@@ -283,7 +293,7 @@ func (m *Metrics) Forget(name string) {
 type stateCollector struct{ m *Metrics }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.m.inflightD, c.m.waitingD, c.m.permitsD, c.m.breakerD, c.m.switchD, c.m.peakD, c.m.leaseExpiredD, c.m.generationD} {
+	for _, d := range []*prometheus.Desc{c.m.inflightD, c.m.waitingD, c.m.permitsD, c.m.breakerD, c.m.switchD, c.m.peakD, c.m.utilizationD, c.m.leaseExpiredD, c.m.generationD} {
 		ch <- d
 	}
 }
@@ -310,6 +320,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(c.m.waitingD, float64(d.Waiting), d.Name)
 		g(c.m.permitsD, float64(d.Permits), d.Name)
 		g(c.m.peakD, float64(d.PeakRPS), d.Name)
+		var util float64
+		if d.Permits > 0 {
+			util = float64(d.InFlight) / float64(d.Permits)
+		}
+		g(c.m.utilizationD, util, d.Name)
 		if d.Breaker >= 0 {
 			g(c.m.breakerD, float64(d.Breaker), d.Name)
 		}
@@ -352,6 +367,23 @@ func (p *Peak) Add(now time.Time) {
 			return
 		}
 	}
+}
+
+// Seconds returns the counts of the n whole seconds before now's second, oldest first, and the
+// start of now's second (Unix seconds): counts[i] is the second end − len(counts) + i. A second
+// with no call (or counted over a minute ago) is 0; a count that saturated is peakCountMax.
+// n is at most 59: now's own slot is the one a minute before it too.
+func (p *Peak) Seconds(now time.Time, n int) (end int64, counts []int32) {
+	n = min(n, len(p.slots)-1)
+	cur := uint64(now.Unix())
+	counts = make([]int32, n)
+	for i := range n {
+		sec := cur - uint64(n-i)
+		if v := p.slots[sec%60].Load(); v>>peakCountBits == sec&peakSecMask {
+			counts[i] = int32(v & peakCountMax)
+		}
+	}
+	return int64(cur), counts
 }
 
 // Max returns the highest count of the 60 seconds ending with now's second.

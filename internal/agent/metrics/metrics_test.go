@@ -120,3 +120,24 @@ func scrape(m *Metrics) string {
 	promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return rec.Body.String()
 }
+
+// Seconds reports the whole seconds before now's, oldest first, 0 for a second without calls
+// or counted over a minute ago.
+func TestPeakSeconds(t *testing.T) {
+	var p Peak
+	base := time.Unix(1_000_000, 0)
+	for range 3 {
+		p.Add(base.Add(200 * time.Millisecond))
+	}
+	p.Add(base.Add(2*time.Second + 999*time.Millisecond))
+	p.Add(base.Add(3 * time.Second)) // now's second: not reported
+	end, counts := p.Seconds(base.Add(3*time.Second+500*time.Millisecond), 4)
+	if end != 1_000_003 || len(counts) != 4 || counts[0] != 0 || counts[1] != 3 || counts[2] != 0 || counts[3] != 1 {
+		t.Fatalf("Seconds = %d %v, want 1000003 [0 3 0 1]", end, counts)
+	}
+	// A minute on, second base+61 shares base+1's slot, which holds base+1's 3 calls: not
+	// reported as base+61's. base+3's call is still within the 59 seconds.
+	if _, counts = p.Seconds(base.Add(62*time.Second+500*time.Millisecond), 59); counts[0] != 1 || counts[58] != 0 {
+		t.Fatalf("Seconds a minute on = %v, want 1 first and 0 last", counts)
+	}
+}

@@ -51,6 +51,11 @@ type admission struct {
 	// (lanes is nil without lanes); released by releaseLane after the downstream's permit.
 	lanes *enforce.LaneSet
 	lane  int
+	// admitted under Observe: the call's place in Enforce's model (observe.go): the shadow
+	// semaphore whose permit it holds from the start (shadowHeld), or its waiter there (nil:
+	// none); endShadow ends it with the call.
+	shadowHeld *semaphore.Semaphore
+	shadowWait *shadowWaiter
 }
 
 // releaseLane returns the call's lane permit, if it holds one.
@@ -78,6 +83,10 @@ func (a admission) releaseLane() {
 // took. Waiting ends early when ctx ends (the app left: appLeft). Every call is counted (requests,
 // and rejections by reason, per lane too) and the time admitting took is observed (acquire wait)
 // for every call that got through the chain, stalled ones included.
+//
+// Under Observe (cfg.Observe) the chain is observe instead: every call is admitted at once and
+// what the steps would have refused is only counted. Under Enforce a dry-run switch that matches
+// is counted (would-refuse degraded) and the chain goes on as if it were off.
 func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table, ds *enforce.Downstream, cfg *enforce.Config, req degrade.RequestView, budget deadline.Budget) admission {
 	now := clk.Now()
 	ds.CountRequest(now)
@@ -89,6 +98,13 @@ func admit(ctx context.Context, clk clock.WithDelayedExecution, t *enforce.Table
 	// The call's lane is known before any step: every step's refusals are counted per lane too.
 	if a.lanes = ds.Lanes(); a.lanes != nil {
 		a.lane = a.lanes.Match(req.Method, req.Path, req.Header)
+	}
+	if cfg.Observe {
+		a.observe(t, req)
+		return a.out
+	}
+	if len(t.DryRun) > 0 && degrade.Select(t.DryRun, ds.Name, req, now) != nil {
+		ds.CountWouldRefuse(metrics.ReasonDegraded) // and on through the chain, as if it were off
 	}
 	if a.degrade(t.Switches, req) && a.openBreaker() && a.rate() && a.lanePermit() && a.permit() && a.ticket() {
 		a.admitted()

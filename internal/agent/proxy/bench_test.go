@@ -361,6 +361,12 @@ func BenchmarkServeLeanTLS(b *testing.B) {
 		"GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
 }
 
+// BenchmarkServeLeanObserve is BenchmarkServeLean with the downstream under Observe: what
+// looking instead of enforcing costs one call, set beside BenchmarkServeLean (issue #31).
+func BenchmarkServeLeanObserve(b *testing.B) {
+	serveLean(b, func(d *assignment.Downstream) { d.Observe = true }, "GET /up/x HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n")
+}
+
 func serveLean(b *testing.B, mut func(*assignment.Downstream), request string) {
 	serveLeanTo(b, benchRawUpstream(b), mut, request)
 }

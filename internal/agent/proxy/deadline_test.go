@@ -230,3 +230,27 @@ func TestHoldLeftRunsFromTheDeadline(t *testing.T) {
 		}
 	}
 }
+
+// The same with priority lanes: the lane's permit is given back too (it leaked before: every
+// such call left one lane permit held for good).
+func TestDeadlineSpentBeforeForwardingReleasesTheLane(t *testing.T) {
+	c, up := upstream(t, func(w http.ResponseWriter, r *http.Request) {})
+	a := newAgent(t, nil)
+	d := downstream("d", up.URL, 4)
+	d.Lanes = []assignment.Lane{{Name: "core", ReservePercent: 50, LendPercent: 50, Methods: []string{"POST"}}}
+	a.apply(t, nil, d)
+	for range 6 { // more than the 4 permits: a leak would leave the later calls without one
+		if r := a.do(t, http.MethodGet, "/d/x", "X-Apportion-Timeout", "1ns"); r.status != 504 || problemCode(r) != CodeDeadlineExceeded {
+			t.Fatalf("%d %s, want 504 %s", r.status, r.body, CodeDeadlineExceeded)
+		}
+	}
+	st := a.enf.State().Downstreams[0]
+	for _, l := range st.Lanes {
+		if l.InFlight != 0 {
+			t.Fatalf("lane %s holds %d permits after every call ended: %+v", l.Name, l.InFlight, st.Lanes)
+		}
+	}
+	if c.calls.Load() != 0 || st.InFlight != 0 {
+		t.Fatalf("upstream calls %d, in flight %d", c.calls.Load(), st.InFlight)
+	}
+}

@@ -60,6 +60,11 @@
 // the call on or refuses it (degrade, open breaker, rate, lane permit, permit, ticket), with one
 // wait shared by the lane's and the downstream's permits.
 //
+// Observe (the downstream's Config.Observe): steps 2 to 6 only look, never wait nor refuse
+// (admitting.observe); every call is forwarded holding a permit, beyond the limit when none is
+// free, and the first step that would have refused it is counted (would_refuse_total). A dry-run
+// degrade switch is counted the same way under Enforce, and the chain goes on as if it were off.
+//
 // Every answer that is not the upstream's carries X-Apportion-Fallback and X-Apportion-Reason
 // (fallbacks) or is a problem+json with a stable code (404, 502, 504). Nothing is logged per
 // call at info level.
@@ -514,6 +519,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if byApp && !dl.After(now) {
 		// The app's deadline passed while the call waited: nobody is waiting for its answer.
 		ds.Sem.Release()
+		ad.releaseLane()
+		ad.endShadow(h.clock)
 		tk.Cancel()
 		ds.CountRejected(metrics.ReasonDeadline)
 		writeProblem(w, http.StatusGatewayTimeout, CodeDeadlineExceeded, "Deadline exceeded",
@@ -538,6 +545,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		c.clearDeadlines()
 		c.release(ad.releaseLane)
+		ad.endShadow(h.clock)
 		c.finish(tk)
 	}()
 	if cfg.CacheStale && r.Method == http.MethodGet && h.stale != nil {

@@ -31,6 +31,10 @@
 //     while n callers already wait returns ErrQueueFull at once, holding nothing and queueing
 //     nothing. A negative bound (the default) is no bound. Lowering the bound never drops
 //     callers already waiting.
+//   - Force takes a permit at once, whatever the limit and the queue: the permits of calls
+//     admitted under Observe (the agent forwards every call and only counts what it would
+//     have refused). It may leave inFlight above the limit, as a lowered limit does, and
+//     keeps the invariant (inFlight only grows); such permits are released like any other.
 //   - Release returns one permit; it panics if no permit is held.
 //   - SetLimit(n) never revokes permits already held. Lowering the limit
 //     makes new acquisitions wait until inFlight drops below n; raising it
@@ -124,6 +128,16 @@ func (s *Semaphore) TryAcquire() bool {
 	}
 	s.mu.Unlock()
 	return ok
+}
+
+// Force takes a permit at once, whatever the limit and whoever waits (see the package doc). It
+// reports whether the permit was free: whether TryAcquire would have taken it.
+func (s *Semaphore) Force() (free bool) {
+	s.mu.Lock()
+	free = s.head == nil && s.inFlight < s.limit
+	s.inFlight++ // not grantLocked: onGrant checks grants within the limit, and this is none
+	s.mu.Unlock()
+	return free
 }
 
 // Acquire takes a permit, waiting in FIFO order behind earlier callers until
