@@ -96,7 +96,17 @@ type Downstream struct {
 	// end (docs/protocol.md §11b). Sent only to agents with CapabilityObserve (an older agent's
 	// strict decoding refuses the member).
 	Observe bool `json:"observe,omitempty"`
+	// RampRaise says that a raise of Permits in this assignment follows an incident the manager
+	// saw (the quota's budget was lowered within the last few minutes, docs/agent.md): the agent
+	// then climbs from the permits it held before through its recovery ramp (Recovery.Ramp)
+	// instead of applying the raise at once. It changes nothing else: not a lowering, not a
+	// downstream new to the agent (a new pod's first permits), not a renewal. Sent only to agents
+	// with CapabilityRampRaise (an older agent's strict decoding refuses the member).
+	RampRaise bool `json:"rampRaise,omitempty"`
 }
+
+// CapabilityRampRaise is the State capability of an agent that knows Downstream.RampRaise.
+const CapabilityRampRaise = "rampRaise"
 
 // CapabilityObserve is the State capability of an agent that knows Downstream.Observe,
 // Switch.DryRun, and reports DownstreamState.WouldRefuse and the per-second counts.

@@ -253,18 +253,24 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	for i, d := range a.Downstreams {
 		cfg := cfgs[i]
 		ds := old.byName[d.Name]
+		from := -1 // the permits held before, for a raise that follows an incident
 		if ds == nil {
+			// A downstream new to the agent (a new pod's first permits) never ramps: the pod is
+			// new, not the downstream (the package doc).
 			ds = newDownstream(d.Name, cfg, e.metrics, e.clock, now)
 			created = append(created, d.Name)
 		} else {
+			if cfg.RampRaise {
+				from = ds.Config().Permits
+			}
 			ds.reconfigure(cfg, now)
 		}
 		// A newer assignment that ends a lapsed lease restores the permits as a renewal does: at
-		// once.
+		// once — unless it also raises them after an incident (Config.RampRaise).
 		if bootstrap || !end.After(now) {
 			ds.setBase(cfg.SafeLimit(), cfg.Permits)
 		} else {
-			ds.setBase(cfg.Permits, cfg.Permits)
+			ds.setBaseFrom(cfg.Permits, cfg.Permits, from)
 		}
 		nt.byName[d.Name] = ds
 	}
