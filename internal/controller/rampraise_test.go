@@ -88,7 +88,7 @@ var _ = Describe("DownstreamQuota raises after an incident", func() {
 			before := dq.DeepCopy()
 			dq.Spec.MaxInFlight = limit
 			Expect(k8sClient.Patch(ctx, dq, client.MergeFrom(before))).To(Succeed()) // the status writes move on
-			Eventually(func() (int32, error) { // the manager's cache has it
+			Eventually(func() (int32, error) {                                       // the manager's cache has it
 				var got apportionv1.DownstreamQuota
 				err := managerClient.Get(ctx, client.ObjectKeyFromObject(dq), &got)
 				return got.Spec.MaxInFlight, err
