@@ -87,8 +87,10 @@ var _ = Describe("DownstreamQuota raises after an incident", func() {
 			Expect(k8sClient.Get(ctx, key, dq)).To(Succeed())
 			before := dq.DeepCopy()
 			dq.Spec.MaxInFlight = limit
-			Expect(k8sClient.Patch(ctx, dq, client.MergeFrom(before))).To(Succeed()) // the status writes move on
-			Eventually(func() (int32, error) {                                       // the manager's cache has it
+			// A patch: the status writes move the object on under an update.
+			Expect(k8sClient.Patch(ctx, dq, client.MergeFrom(before))).To(Succeed())
+			// The manager's cache has it before the reconcile reads it.
+			Eventually(func() (int32, error) {
 				var got apportionv1.DownstreamQuota
 				err := managerClient.Get(ctx, client.ObjectKeyFromObject(dq), &got)
 				return got.Spec.MaxInFlight, err
