@@ -123,8 +123,8 @@ const (
 type Recovery struct {
 	// Window is the length of the windows calls are judged in.
 	Window Duration `json:"window"`
-	// Ramp, when set, ramps the effective limit up after a breaker closes, a lapsed lease is
-	// renewed, or the downstream first gets permits.
+	// Ramp, when set, ramps the effective limit up after the breaker closes, after the adaptive
+	// limit dropped, and on a raise flagged RampRaise (not for first permits nor a renewal).
 	Ramp *Ramp `json:"ramp,omitempty"`
 	// Adaptive, when set, shrinks the effective limit toward what the downstream takes when
 	// its latency rises.

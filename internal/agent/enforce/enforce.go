@@ -39,8 +39,9 @@
 // the base, reported as EffectivePermits), a downstream with a recovery configuration narrows its
 // limit with package recovery, and only on the downstream's own evidence: a ramp started when its
 // breaker closes after half-open probes, the adaptive limit, and a ramp from the adaptive limit
-// when that limit drops. The pod's lifecycle starts no ramp: a downstream's first permits (a new
-// pod), a raise, and permits restored by a renewal or a newer assignment after a lapsed lease
+// when that limit drops — and on the manager's word that a raise follows an incident it saw
+// (Config.RampRaise: a ramp from the permits held before). The pod's lifecycle starts no ramp: a
+// downstream's first permits (a new pod, flagged or not), an unflagged raise, and permits restored by a renewal or a newer assignment after a lapsed lease
 // apply at once — the lapse is the control plane's failure, and the breaker and the adaptive
 // limit keep judging the downstream through it. The recovery controller works within the
 // permits granted; the safe limit is applied outside it, so a lapse leaves a ramp in progress and
