@@ -106,7 +106,7 @@ type Downstream struct {
 }
 
 // CapabilityRampRaise is the State capability of an agent that knows Downstream.RampRaise.
-const CapabilityRampRaise = "rampRaise"
+const CapabilityRampRaise = "ramp-raise"
 
 // CapabilityObserve is the State capability of an agent that knows Downstream.Observe,
 // Switch.DryRun, and reports DownstreamState.WouldRefuse and the per-second counts.
