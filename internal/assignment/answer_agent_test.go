@@ -92,7 +92,12 @@ func TestRealAgentStateWithinBounds(t *testing.T) {
 		t.Fatalf("instance %q", st.Instance)
 	}
 	st.Uptime = assignment.Duration(math.MaxInt64)
-	st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve}
+	st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve, assignment.CapabilityRampRaise}
+	for _, c := range st.Capabilities {
+		if len(c) > assignment.MaxCapabilityLength || !token.MatchString(c) {
+			t.Fatalf("capability %q: not a token of at most %d", c, assignment.MaxCapabilityLength)
+		}
+	}
 	rejected := func() map[string]int64 {
 		m := map[string]int64{}
 		for _, r := range metrics.Reasons {

@@ -96,7 +96,17 @@ type Downstream struct {
 	// end (docs/protocol.md §11b). Sent only to agents with CapabilityObserve (an older agent's
 	// strict decoding refuses the member).
 	Observe bool `json:"observe,omitempty"`
+	// RampRaise says that a raise of Permits in this assignment follows an incident the manager
+	// saw (the quota's budget was lowered within the last few minutes, docs/agent.md): the agent
+	// then climbs from the permits it held before through its recovery ramp (Recovery.Ramp)
+	// instead of applying the raise at once. It changes nothing else: not a lowering, not a
+	// downstream new to the agent (a new pod's first permits), not a renewal. Sent only to agents
+	// with CapabilityRampRaise (an older agent's strict decoding refuses the member).
+	RampRaise bool `json:"rampRaise,omitempty"`
 }
+
+// CapabilityRampRaise is the State capability of an agent that knows Downstream.RampRaise.
+const CapabilityRampRaise = "ramp-raise"
 
 // CapabilityObserve is the State capability of an agent that knows Downstream.Observe,
 // Switch.DryRun, and reports DownstreamState.WouldRefuse and the per-second counts.
@@ -113,8 +123,8 @@ const (
 type Recovery struct {
 	// Window is the length of the windows calls are judged in.
 	Window Duration `json:"window"`
-	// Ramp, when set, ramps the effective limit up after a breaker closes, a lapsed lease is
-	// renewed, or the downstream first gets permits.
+	// Ramp, when set, ramps the effective limit up after the breaker closes, after the adaptive
+	// limit dropped, and on a raise flagged RampRaise (not for first permits nor a renewal).
 	Ramp *Ramp `json:"ramp,omitempty"`
 	// Adaptive, when set, shrinks the effective limit toward what the downstream takes when
 	// its latency rises.

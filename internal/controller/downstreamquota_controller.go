@@ -96,6 +96,10 @@ type DownstreamQuotaReconciler struct {
 	// (downstreamquota_sharing.go; 0: DefaultRemainderRotation; negative: never).
 	RemainderRotation time.Duration
 
+	// incidents remembers, per quota, its budget and when it was last lowered
+	// (downstreamquota_rampraise.go): types.NamespacedName → incidentMemory.
+	incidents sync.Map
+
 	// usage holds the quotas' usage gauges (downstreamquota_usage.go); nil until SetupWithManager
 	// made them (a reconciler used without it exports none).
 	usage *usageMetrics
@@ -137,12 +141,17 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	policy := r.policy()
 	a := decideAssignment(in, policy)
+	rampUntil := r.flagRampRaise(req.NamespacedName, in.Quota, a.Desired, in.Now)
 	report := r.assign(req.NamespacedName, a)
 	d := decideStatus(in, policy, a, report)
 	if report != nil {
 		r.usage.observe(req.NamespacedName, in.Quota, &d.Status)
 	}
-	return r.act(ctx, req.NamespacedName, in.Quota.UID, d)
+	res, err := r.act(ctx, req.NamespacedName, in.Quota.UID, d)
+	if err != nil {
+		return res, err
+	}
+	return requeueBy(res, rampUntil, in.Now), nil // back to clear the flag
 }
 
 // policy is the reconciler's settings as a decision reads them, defaults filled in.
@@ -197,6 +206,7 @@ func (r *DownstreamQuotaReconciler) act(ctx context.Context, key types.Namespace
 func (r *DownstreamQuotaReconciler) forget(key types.NamespacedName) {
 	r.decided.Delete(key)
 	r.sharing.Delete(key)
+	r.incidents.Delete(key)
 	r.statusWriter().forget(key)
 	r.usage.forget(key)
 	if r.Pusher != nil {

@@ -27,6 +27,7 @@ func (c *core) applyState(p *podState, st *assignment.State, now time.Time) {
 	}
 	p.batchSig = st.Has(assignment.CapabilityBatchSignatures)
 	p.observe = st.Has(assignment.CapabilityObserve)
+	p.rampRaise = st.Has(assignment.CapabilityRampRaise)
 	p.configured = st.Configured
 	p.pollAt = now.Add(c.opts.DrainPoll)
 	switch {

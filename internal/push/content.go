@@ -59,6 +59,9 @@ func (c *core) rebuild(p *podState) {
 		// Observe only to an agent that knows it; an agent not heard from yet enforces. Enforcing
 		// is the safe side: it admits within the permits the ledger counts.
 		d.Observe = d.Observe && p.observe
+		// RampRaise only to an agent that knows it; without it a raise applies at once, as it
+		// always did: the flag only ever narrows, so leaving it out is never unsafe.
+		d.RampRaise = d.RampRaise && p.rampRaise
 		e.maxRequestTimeout = max(e.maxRequestTimeout, d.RequestTimeout.D())
 		a.Downstreams = append(a.Downstreams, d)
 		if !e.present {

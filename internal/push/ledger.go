@@ -344,7 +344,10 @@ type podState struct {
 	batchSig bool
 	// observe: the last report advertised assignment.CapabilityObserve: the pod may be sent
 	// Downstream.Observe and dry-run switches (an older agent's strict decoding refuses them).
-	observe   bool
+	observe bool
+	// rampRaise: the last report advertised assignment.CapabilityRampRaise: the pod may be sent
+	// Downstream.RampRaise (an older agent's strict decoding refuses it).
+	rampRaise bool
 	lastEpoch int64 // the (epoch, generation) of the last report, to notice a restarted agent
 	lastGen   int64
 	reportAt  time.Time // when the last report arrived

@@ -32,8 +32,8 @@ type modelAgent struct {
 	// calls run on at the downstream but are no longer reported, and one added again starts
 	// from an empty semaphore and zero counters, as in package enforce.
 	inc map[string]int
-	// batch: the agent advertises assignment.CapabilityBatchSignatures and CapabilityObserve
-	// (every other one does).
+	// batch: the agent advertises assignment.CapabilityBatchSignatures, CapabilityObserve and
+	// CapabilityRampRaise (every other one does).
 	batch bool
 	// claim, when set, is the epoch every answer claims (a lying pod); the agent behind it still
 	// applies what it is sent.
@@ -95,7 +95,8 @@ func (m *modelAgent) state(now time.Time) *assignment.State {
 		st.Epoch = m.claim
 	}
 	if m.batch {
-		st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve}
+		st.Capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve,
+			assignment.CapabilityRampRaise}
 	}
 	if !m.started.IsZero() {
 		st.Uptime = assignment.Duration(max(now.Sub(m.started), time.Millisecond))

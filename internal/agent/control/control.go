@@ -291,8 +291,10 @@ func (h *handler) putAssignment(w http.ResponseWriter, r *http.Request) {
 
 // capabilities are what this control API has beyond the first release's (State.Capabilities):
 // it verifies batch signatures (assignment.Verify), and knows Observe and dry-run switches and
-// reports what they would have refused and the per-second counts (assignment.CapabilityObserve).
-var capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve}
+// reports what they would have refused and the per-second counts (assignment.CapabilityObserve),
+// and ramps a raise flagged as following an incident (assignment.CapabilityRampRaise).
+var capabilities = []string{assignment.CapabilityBatchSignatures, assignment.CapabilityObserve,
+	assignment.CapabilityRampRaise}
 
 // advertise adds the control API's capabilities to a State it answers with.
 func advertise(st assignment.State) assignment.State {

@@ -39,8 +39,9 @@
 // the base, reported as EffectivePermits), a downstream with a recovery configuration narrows its
 // limit with package recovery, and only on the downstream's own evidence: a ramp started when its
 // breaker closes after half-open probes, the adaptive limit, and a ramp from the adaptive limit
-// when that limit drops. The pod's lifecycle starts no ramp: a downstream's first permits (a new
-// pod), a raise, and permits restored by a renewal or a newer assignment after a lapsed lease
+// when that limit drops — and on the manager's word that a raise follows an incident it saw
+// (Config.RampRaise: a ramp from the permits held before). The pod's lifecycle starts no ramp: a
+// downstream's first permits (a new pod, flagged or not), an unflagged raise, and permits restored by a renewal or a newer assignment after a lapsed lease
 // apply at once — the lapse is the control plane's failure, and the breaker and the adaptive
 // limit keep judging the downstream through it. The recovery controller works within the
 // permits granted; the safe limit is applied outside it, so a lapse leaves a ramp in progress and
@@ -253,18 +254,24 @@ func (e *Enforcer) replaceLocked(a *assignment.Assignment, now, end time.Time, b
 	for i, d := range a.Downstreams {
 		cfg := cfgs[i]
 		ds := old.byName[d.Name]
+		from := -1 // the permits held before, for a raise that follows an incident
 		if ds == nil {
+			// A downstream new to the agent (a new pod's first permits) never ramps: the pod is
+			// new, not the downstream (the package doc).
 			ds = newDownstream(d.Name, cfg, e.metrics, e.clock, now)
 			created = append(created, d.Name)
 		} else {
+			if cfg.RampRaise {
+				from = ds.Config().Permits
+			}
 			ds.reconfigure(cfg, now)
 		}
 		// A newer assignment that ends a lapsed lease restores the permits as a renewal does: at
-		// once.
+		// once — unless it also raises them after an incident (Config.RampRaise).
 		if bootstrap || !end.After(now) {
 			ds.setBase(cfg.SafeLimit(), cfg.Permits)
 		} else {
-			ds.setBase(cfg.Permits, cfg.Permits)
+			ds.setBaseFrom(cfg.Permits, cfg.Permits, from)
 		}
 		nt.byName[d.Name] = ds
 	}

@@ -290,3 +290,61 @@ func TestMaxWaitingDefault(t *testing.T) {
 		t.Fatalf("DefaultMaxWaiting(5) = %d", got)
 	}
 }
+
+// flagged is d with RampRaise: its raise follows an incident the manager saw.
+func flagged(d assignment.Downstream) assignment.Downstream {
+	d.RampRaise = true
+	return d
+}
+
+// TestFlaggedRaiseRamps: a raise the manager flags as following an incident (RampRaise) climbs
+// through the ramp from the permits held before; the same raise unflagged, a flagged lowering, a
+// flagged downstream new to the agent (a new pod's first permits), a flagged raise without a
+// ramp configured and a renewal all apply at once.
+func TestFlaggedRaiseRamps(t *testing.T) {
+	e, clk := newTestEnforcer(t)
+	// The incident: the quota was lowered; every downstream holds 8.
+	mustApply(t, e, asg(1, 1, 10*time.Minute, withRamp(ds("a", 8, 4)), withRamp(ds("b", 8, 4)),
+		withRamp(ds("c", 8, 4)), ds("d", 8, 4)))
+	// Raised back to 20: a flagged, b not, c flagged but lowered, d flagged without a ramp, and
+	// e new to the agent, flagged.
+	mustApply(t, e, asg(1, 2, 10*time.Minute, flagged(withRamp(ds("a", 20, 4))), withRamp(ds("b", 20, 4)),
+		flagged(withRamp(ds("c", 5, 4))), flagged(ds("d", 20, 4)), flagged(withRamp(ds("e", 20, 4)))))
+	if got := effective(t, e, "a"); got != 8 || !ramping(t, e, "a") {
+		t.Fatalf("a, flagged raise 8 → 20: %d (ramping %v), want a ramp from the 8 held before", got, ramping(t, e, "a"))
+	}
+	for name, want := range map[string]int{"b": 20, "c": 5, "e": 20} {
+		if got := effective(t, e, name); got != want || ramping(t, e, name) {
+			t.Fatalf("%s: %d (ramping %v), want %d at once", name, got, ramping(t, e, name), want)
+		}
+	}
+	if got := effective(t, e, "d"); got != 20 {
+		t.Fatalf("d, flagged raise without a ramp: %d, want 20 at once", got)
+	}
+	if st := e.State().Downstreams[0]; st.EffectivePermits != 20 || st.Limit != 8 {
+		t.Fatalf("a's state %+v: the manager counts the permits 20, the agent admits 8", st)
+	}
+	// A renewal (the same pair) changes nothing; healthy windows widen a by 30 % of 20 each.
+	if _, err := e.Apply(asg(1, 2, 10*time.Minute, flagged(withRamp(ds("a", 20, 4))), withRamp(ds("b", 20, 4)),
+		flagged(withRamp(ds("c", 5, 4))), flagged(ds("d", 20, 4)), flagged(withRamp(ds("e", 20, 4)))), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := effective(t, e, "a"); got != 8 {
+		t.Fatalf("a after a renewal: %d, want 8", got)
+	}
+	for _, want := range []int{14, 20} {
+		healthyWindow(e, clk, "a", 10)
+		if got := effective(t, e, "a"); got != want {
+			t.Fatalf("a after a healthy window: %d, want %d", got, want)
+		}
+	}
+	if ramping(t, e, "a") {
+		t.Fatal("a still ramping at its permits")
+	}
+	// From 0 (the incident took every permit), the climb starts at the ramp's start, 10 % of 20.
+	mustApply(t, e, asg(1, 3, 10*time.Minute, flagged(withRamp(ds("a", 0, 0)))))
+	mustApply(t, e, asg(1, 4, 10*time.Minute, flagged(withRamp(ds("a", 20, 4)))))
+	if got := effective(t, e, "a"); got != 2 || !ramping(t, e, "a") {
+		t.Fatalf("a, flagged raise 0 → 20: %d (ramping %v), want the ramp's start 2", got, ramping(t, e, "a"))
+	}
+}

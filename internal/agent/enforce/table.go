@@ -77,6 +77,10 @@ type Config struct {
 	// Observe: every call is forwarded at once, holding a permit beyond the limit if need be,
 	// and what enforcing would have refused is counted (CountWouldRefuse).
 	Observe bool
+	// RampRaise: a raise of Permits in this assignment follows an incident the manager saw
+	// (assignment.Downstream.RampRaise): it climbs through the recovery ramp from the permits
+	// held before instead of applying at once (setBase).
+	RampRaise bool
 }
 
 // SafeLimit is the limit in force after the lease expired: min(Permits, SafeDefault), or 0
@@ -178,11 +182,21 @@ func (d *Downstream) CountUpstream429() {
 // permits, a raise and permits restored after a lapsed lease are not the downstream recovering,
 // and apply at once (see the package doc). The safe limit stays outside the recovery
 // controller, so a lapse and its renewal leave its ramp and adaptive estimate as they were.
-func (d *Downstream) setBase(base, granted int) {
+func (d *Downstream) setBase(base, granted int) { d.setBaseFrom(base, granted, -1) }
+
+// setBaseFrom is setBase for a raise that follows an incident (Config.RampRaise): when granted is
+// above from (the permits held before, >= 0) the recovery controller begins a ramp at from
+// (recovery.Controller.RampFrom; nothing without a ramp configured). from < 0: no ramp, setBase.
+// The new permits and the ramp are put in force together, under the limit's lock, so no call is
+// admitted at the raised limit in between.
+func (d *Downstream) setBaseFrom(base, granted, from int) {
 	d.limitMu.Lock()
 	d.base = base
 	if rc := d.rc.Load(); rc != nil {
 		rc.SetPermits(granted)
+		if from >= 0 && granted > from {
+			rc.RampFrom(from)
+		}
 	}
 	d.refreshLocked()
 	d.limitMu.Unlock()
@@ -388,6 +402,7 @@ func buildTable(a *assignment.Assignment) (*Table, []*Config, error) {
 		c.DeadlineHeader = d.DeadlineHeader
 		c.TLSSettings = tlsSettings(u, d.TLS)
 		c.Observe = d.Observe
+		c.RampRaise = d.RampRaise
 		c.AbandonedHold = c.RequestTimeout
 		if d.AbandonedHold != nil {
 			c.AbandonedHold = d.AbandonedHold.D()

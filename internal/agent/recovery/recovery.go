@@ -30,9 +30,11 @@
 //
 // A ramp follows the downstream's health, never the pod's lifecycle: it begins when the
 // downstream has just shown it was in trouble — the agent calls Start when its breaker closes
-// after half-open probes, and the Controller itself begins one at the adaptive limit when that
-// limit drops (below) — and at no other time. SetPermits starts nothing: a pod's first permits,
-// a raise, and permits restored after a lapsed lease apply at once (unless a ramp in progress
+// after half-open probes, the Controller itself begins one at the adaptive limit when that
+// limit drops (below), and the agent calls the method RampFrom with the permits held before a
+// raise that the manager flagged as following an incident (assignment.Downstream.RampRaise) —
+// and at no other time. SetPermits starts nothing: a pod's first permits, an unflagged
+// raise, and permits restored after a lapsed lease apply at once (unless a ramp in progress
 // still holds the limit: a raise during a ramp widens only as the ramp does). The permits the
 // Controller works within are the grant; the safe limit of a lapsed lease is applied outside it
 // (package enforce), so a lapse and its renewal leave the ramp and the adaptive estimate as they
@@ -432,6 +434,26 @@ func (c *Controller) Start() int {
 	if c.cfg.Ramp != nil {
 		c.ramp = StartRamp(c.ramp, c.permits, c.cfg.Ramp)
 		c.cur, c.winStart = Window{}, c.clk.Now() // judge the new limit on its own calls
+	}
+	return c.limitLocked()
+}
+
+// RampFrom begins a ramp at level, the permits held before a raise that follows an incident the
+// manager saw (assignment.Downstream.RampRaise): the agent calls it right after SetPermits
+// raised the permits. The ramp starts at level but not below the ramp's own start (a raise is no
+// worse news than a breaker closing), keeps a lower ramp in progress, and narrows nothing when
+// level is at or above the permits. Without a ramp configured it does nothing: the raise applies
+// at once. It returns the limit.
+func (c *Controller) RampFrom(level int) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advanceLocked(c.clk.Now())
+	if c.cfg.Ramp != nil {
+		before := c.ramp
+		c.ramp = RampFrom(c.ramp, max(level, rampStart(c.permits, c.cfg.Ramp)), c.permits)
+		if c.ramp != before {
+			c.cur, c.winStart = Window{}, c.clk.Now() // judge the new limit on its own calls
+		}
 	}
 	return c.limitLocked()
 }

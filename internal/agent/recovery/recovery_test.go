@@ -365,3 +365,41 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The method RampFrom (a raise the manager flagged as following an incident) begins a ramp at
+// the permits held before, not below the ramp's start, keeps a lower ramp in progress, narrows
+// nothing at or above the permits, judges the new limit on its own calls, and does nothing
+// without a ramp configured.
+func TestControllerRampFrom(t *testing.T) {
+	clk := testingclock.NewFakeClock(t0)
+	c := New(Config{Window: time.Second, Ramp: &RampConfig{StepPercent: 10, HealthyWindows: 1}}, 8, clk)
+	clk.Step(500 * time.Millisecond)
+	c.SetPermits(20)
+	if got := c.RampFrom(8); got != 8 || !c.Status().Ramping {
+		t.Fatalf("raise 8 → 20: limit %d (ramping %v), want 8", got, c.Status().Ramping)
+	}
+	// The ramp's first window starts at RampFrom, not with the window in progress before it.
+	feed(c, 10, 0, time.Millisecond)
+	clk.Step(600 * time.Millisecond)
+	if got := c.Limit(); got != 8 {
+		t.Fatalf("0.6 s into the ramp's first window: %d, want 8 (the window is 1 s from RampFrom)", got)
+	}
+	clk.Step(400 * time.Millisecond)
+	if got := c.Limit(); got != 10 {
+		t.Fatalf("after a healthy window: %d, want 8 + 10 %% of 20 = 10", got)
+	}
+	if got := c.RampFrom(15); got != 10 {
+		t.Fatalf("a higher level during a lower ramp: %d, want the ramp's 10", got)
+	}
+	if got := c.RampFrom(20); got != 10 {
+		t.Fatalf("a level at the permits: %d, want 10 unchanged", got)
+	}
+	c = New(Config{Window: time.Second, Ramp: &RampConfig{}}, 20, clk)
+	if got := c.RampFrom(0); got != 2 {
+		t.Fatalf("from 0: %d, want the ramp's start, 10 %% of 20 = 2", got)
+	}
+	c = New(Config{Window: time.Second}, 20, clk)
+	if got := c.RampFrom(5); got != 20 || c.Status().Ramping {
+		t.Fatalf("without a ramp: %d, want the permits 20 at once", got)
+	}
+}
