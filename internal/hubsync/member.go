@@ -38,6 +38,10 @@ type Member struct {
 	Inner func() (counted int64, synced bool)
 	// Demand is the local limit the member would like (0 when nil).
 	Demand func() int64
+	// Notify, when set, is called once the local limit or the grant in force may have changed:
+	// after a round that read a new grant, and when the lease ended (Start wakes for it). The
+	// DownstreamQuota controller then plans on the new limit at once.
+	Notify func()
 
 	mu       sync.Mutex // guards lease, which Limit and Grant read from other goroutines
 	lease    *hub.Lease
@@ -190,17 +194,29 @@ func (m *Member) record(ctx context.Context, g hub.Grant) error {
 	return nil
 }
 
-// Start runs Sync every third of the lease (every second before the first grant) until ctx ends.
+// Start runs Sync every third of the lease (every second before the first grant) until ctx ends,
+// and wakes when the lease ends, to Notify.
 func (m *Member) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithValues("quota", m.Quota, "global", m.Ref.Namespace+"/"+m.Ref.Name)
+	var told limitState
+	tell := func() {
+		if now := m.state(); now != told && m.Notify != nil {
+			told = now
+			m.Notify()
+		}
+	}
 	for {
 		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
 			log.V(1).Info("slice sync failed", "err", err.Error())
 		}
+		tell()
 		every := time.Second
 		m.lock()
 		if m.lease != nil && !m.lease.Until().IsZero() {
 			every = m.lease.Duration() / 3
+			if left := m.lease.Until().Sub(m.Clock.Now()); left > 0 && left < every {
+				every = left // wake when the lease ends: the limit falls then
+			}
 		}
 		m.unlock()
 		select {
@@ -208,5 +224,25 @@ func (m *Member) Start(ctx context.Context) error {
 			return nil
 		case <-m.Clock.After(every):
 		}
+		tell()
 	}
+}
+
+// limitState is what the DownstreamQuota controller plans on.
+type limitState struct {
+	grant hub.Grant
+	limit int64
+	held  bool
+}
+
+func (m *Member) state() limitState {
+	lim, held := m.Limit()
+	return limitState{grant: m.Grant(), limit: lim, held: held}
+}
+
+// Started says whether the member read its record (Limit is meaningful from then on).
+func (m *Member) Started() bool {
+	m.lock()
+	defer m.unlock()
+	return m.lease != nil
 }
