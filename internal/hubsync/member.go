@@ -194,37 +194,61 @@ func (m *Member) record(ctx context.Context, g hub.Grant) error {
 	return nil
 }
 
-// Start runs Sync every third of the lease (every second before the first grant) until ctx ends,
-// and wakes when the lease ends, to Notify.
+// Start runs Sync every third of the lease (every second before the first grant) until ctx ends;
+// each round gets that long at most (a read that takes longer renews nothing worth having, and
+// client-go retries a read over a broken connection for seconds). Beside it, Start watches the
+// lease's end, to Notify at once when the limit falls, whatever a round is waiting on.
 func (m *Member) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithValues("quota", m.Quota, "global", m.Ref.Namespace+"/"+m.Ref.Name)
+	var mu sync.Mutex
 	var told limitState
 	tell := func() {
+		mu.Lock()
+		defer mu.Unlock()
 		if now := m.state(); now != told && m.Notify != nil {
 			told = now
 			m.Notify()
 		}
 	}
-	for {
-		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
-			log.V(1).Info("slice sync failed", "err", err.Error())
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		for {
+			wait := time.Second
+			m.lock()
+			if m.lease != nil {
+				if left := m.lease.Until().Sub(m.Clock.Now()); left > 0 {
+					wait = min(wait, left)
+				}
+			}
+			m.unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.Clock.After(wait):
+			}
+			tell()
 		}
-		tell()
+	}()
+	for {
 		every := time.Second
 		m.lock()
 		if m.lease != nil && !m.lease.Until().IsZero() {
 			every = m.lease.Duration() / 3
-			if left := m.lease.Until().Sub(m.Clock.Now()); left > 0 && left < every {
-				every = left // wake when the lease ends: the limit falls then
-			}
 		}
 		m.unlock()
+		round, cancel := context.WithTimeout(ctx, every)
+		if err := m.Sync(round); err != nil && ctx.Err() == nil {
+			log.V(1).Info("slice sync failed", "err", err.Error())
+		}
+		cancel()
+		tell()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-m.Clock.After(every):
 		}
-		tell()
 	}
 }
 

@@ -84,6 +84,9 @@ type ScenarioConfig struct {
 	QuotaObject *apportionv1.DownstreamQuota
 	// Logf logs the scenario's actions; nil discards.
 	Logf func(format string, args ...any)
+	// Upstream, when set, is the test downstream the quota calls, shared with other scenarios
+	// (several clusters calling one partner); the scenario neither starts nor closes it.
+	Upstream *Downstream
 }
 
 func (c *ScenarioConfig) defaults() {
@@ -164,7 +167,9 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 	if err := e.CP.CreatePodNamespace(ctx, cfg.Namespace); err != nil {
 		return nil, err
 	}
-	if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
+	if cfg.Upstream != nil {
+		s.DS = cfg.Upstream
+	} else if s.DS, err = StartDownstream(int64(cfg.Limit), cfg.Latency); err != nil {
 		return nil, err
 	}
 	watch := cfg.Namespace
@@ -387,7 +392,7 @@ func (s *Scenario) Close() MonitorStats {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	if s.DS != nil {
+	if s.DS != nil && s.Cfg.Upstream == nil {
 		_ = s.DS.Close()
 	}
 	s.cleanupObjects()
