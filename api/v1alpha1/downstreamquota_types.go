@@ -250,9 +250,8 @@ type DownstreamQuotaSpec struct {
 	// +optional
 	Lanes []Lane `json:"lanes,omitempty"`
 	// global makes this quota a member's part of a GlobalQuota on a hub cluster (global_types.go):
-	// its local limit is the slice the hub grants it, at most maxInFlight. Set at creation only.
-	// Not acted on yet (docs/protocol.md §16, "Not yet built"): the quota is apportioned on
-	// maxInFlight as if global were not set.
+	// its local limit is the slice the hub grants it, at most maxInFlight (0 until the member
+	// reads its grant or its record; docs/protocol.md §16). Set at creation only.
 	// +optional
 	Global *GlobalRef `json:"global,omitempty"`
 }

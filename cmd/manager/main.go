@@ -153,6 +153,10 @@ func parseFlags(args []string) (options, *zap.Options, error) {
 	return o, zo, errors.Join(errs...)
 }
 
+// memberReaction is the part of a member's drain bound that is the manager's own: from a lease
+// that ended or a grant read to the engine planning on the new limit.
+const memberReaction = 2 * time.Second
+
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -288,13 +292,27 @@ func run(args []string) error {
 	if err := controller.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexes: %w", err)
 	}
+	// A member cluster's slices of GlobalQuotas (docs/protocol.md §16): a Member per quota with
+	// spec.global, reaching the hub through the Secret it names in the manager's namespace.
+	globalChanges := make(chan event.GenericEvent, 1024)
+	members := &hubsync.Members{
+		Local: mgr.GetClient(), Secrets: mgr.GetAPIReader(), Namespace: o.managerNamespace, Scheme: scheme,
+		Clock: clock.RealClock{}, Engine: engine, Changes: globalChanges,
+		// The engine's lease window, plus the manager's reaction (a Member's notice, a reconcile).
+		Window: o.leaseTTL + o.pushTimeout + push.DefaultAcceptGrace + memberReaction,
+	}
+	if err := mgr.Add(members); err != nil {
+		return err
+	}
 	if err := (&controller.DownstreamQuotaReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: recorder,
-		Pusher:   engine,
-		Clock:    clock.RealClock{},
-		Changes:  quotaChanges,
-		Workers:  o.quotaWorkers,
+		Client:        mgr.GetClient(),
+		Recorder:      recorder,
+		Pusher:        engine,
+		Clock:         clock.RealClock{},
+		Changes:       quotaChanges,
+		Globals:       members,
+		GlobalChanges: globalChanges,
+		Workers:       o.quotaWorkers,
 
 		StatusWriters: o.statusWriters,
 		Registry:      metrics.Registry,

@@ -35,6 +35,10 @@ func decideAssignment(in *quotaInputs, p quotaPolicy) quotaAssignment {
 	dq := in.Quota
 	a := quotaAssignment{Rotation: rotationAt(dq, in.Now, p.RemainderRotation)}
 	a.Split = splitFor(dq, in.Targets, a.Rotation.Counter)
+	if in.Global != nil {
+		globalSafeDefaults(dq, in.Targets, in.Global, &a.Split)
+		dq = withGlobalFloor(dq, a.Split)
+	}
 	if !p.Push {
 		return a
 	}

@@ -92,6 +92,12 @@ type DownstreamQuotaReconciler struct {
 	Damping       func(budget int64) demand.Damping
 	sharing       sync.Map
 
+	// Globals, in a member cluster, holds the slices of the quotas with spec.global
+	// (downstreamquota_global.go); nil: such a quota holds nothing. GlobalChanges carries the
+	// keys of those quotas whose grant or lease changed, reconciled at once; may be nil.
+	Globals       GlobalSlices
+	GlobalChanges <-chan event.GenericEvent
+
 	// RemainderRotation is how often the permits left by rounding move to other pods
 	// (downstreamquota_sharing.go; 0: DefaultRemainderRotation; negative: never).
 	RemainderRotation time.Duration
@@ -143,6 +149,9 @@ func (r *DownstreamQuotaReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	a := decideAssignment(in, policy)
 	rampUntil := r.flagRampRaise(req.NamespacedName, in.Quota, a.Desired, in.Now)
 	report := r.assign(req.NamespacedName, a)
+	if in.Global != nil && r.Globals != nil && a.Desired != nil {
+		r.Globals.Assigned(req.NamespacedName, in.Global.Grant.Seq)
+	}
 	d := decideStatus(in, policy, a, report)
 	if report != nil {
 		r.usage.observe(req.NamespacedName, in.Quota, &d.Status)
@@ -277,6 +286,11 @@ func (r *DownstreamQuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}, StatusRefreshDelay)
 			},
 		}))
+	}
+	if r.GlobalChanges != nil {
+		// A new grant, or a lease that ended: a new local limit, apportioned at once (a lowered
+		// one must reach the pods within the member's drain bound).
+		b = b.WatchesRawSource(source.Channel(r.GlobalChanges, &handler.EnqueueRequestForObject{}))
 	}
 	return b.Complete(r)
 }

@@ -44,6 +44,9 @@ type quotaInputs struct {
 	Sharing *sharingMemory
 	// Now is the time of the reconcile.
 	Now time.Time
+	// Global is the slice a quota with spec.global is apportioned on (downstreamquota_global.go);
+	// Quota then carries the local limit as its maxInFlight. Nil without spec.global.
+	Global *globalInput
 }
 
 // quotaPolicy is the reconciler's settings as a decision reads them, defaults filled in.

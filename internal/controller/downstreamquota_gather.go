@@ -31,6 +31,11 @@ func (r *DownstreamQuotaReconciler) gather(ctx context.Context, key types.Namesp
 		return nil, err
 	}
 	in := &quotaInputs{Quota: &dq, Base: dq.Status, Now: r.Clock.Now()}
+	if dq.Spec.Global != nil {
+		// A member's quota: apportioned on its local limit (downstreamquota_global.go).
+		in.Global = globalFor(&dq, r.Globals)
+		in.Quota = onSlice(&dq, in.Global)
+	}
 	// The last status decided for this quota (the cached one can lag behind it).
 	if d, ok := r.decided.Load(key); ok && d.(decidedStatus).UID == dq.UID {
 		in.Base = d.(decidedStatus).Status
@@ -50,10 +55,10 @@ func (r *DownstreamQuotaReconciler) gather(ctx context.Context, key types.Namesp
 		return in, nil
 	}
 	var err error
-	if in.Switches, err = r.switchesAt(ctx, &dq, in.Now); err != nil {
+	if in.Switches, err = r.switchesAt(ctx, in.Quota, in.Now); err != nil {
 		return nil, err
 	}
-	if demandAware(&dq) {
+	if demandAware(in.Quota) {
 		last := r.Pusher.Report(key)
 		in.LastReport, in.Sharing = &last, r.memoryFor(key)
 	}

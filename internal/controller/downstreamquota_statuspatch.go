@@ -58,6 +58,8 @@ type writtenStatus struct {
 	uid     types.UID
 	cacheRV string
 	status  apportionv1.DownstreamQuotaStatus
+	// rv is the quota's resourceVersion the write returned.
+	rv string
 }
 
 // write writes u's status to the quota key, unless the quota already has it, and records u's
@@ -84,15 +86,24 @@ func (s *quotaStatusWriter) write(ctx context.Context, key types.NamespacedName,
 	if dq.UID != u.UID {
 		return StatusDropped, nil
 	}
-	has := dq.Status
+	has, rv := dq.Status, dq.ResourceVersion
 	if w, ok := s.written.Load(key); ok && w.(writtenStatus).uid == dq.UID && w.(writtenStatus).cacheRV == dq.ResourceVersion {
-		has = w.(writtenStatus).status
+		has, rv = w.(writtenStatus).status, w.(writtenStatus).rv
 	}
+	// status.global is the member's record of its grant (hubsync.Member writes it, with an
+	// optimistic lock): this writer keeps what it read there, and writes the rest of the status
+	// only on that very version of the quota — a record written since makes the patch conflict,
+	// and the retry reads it. An older record written back over a newer one would let a restarted
+	// member start above its newest grant's fallback (docs/protocol.md §16).
+	u.Status.Global = has.Global
 	if equality.Semantic.DeepEqual(has, u.Status) {
 		s.record(&dq, u.Events)
 		return StatusUnchanged, nil
 	}
-	patch, err := statusPatch(dq.UID, u.Status)
+	if dq.Spec.Global == nil && has.Global == nil {
+		rv = "" // no record to keep: the whole status is this writer's
+	}
+	patch, err := statusPatch(dq.UID, rv, u.Status)
 	if err != nil {
 		return 0, err
 	}
@@ -108,7 +119,7 @@ func (s *quotaStatusWriter) write(ctx context.Context, key types.NamespacedName,
 		}
 		return 0, err
 	}
-	s.written.Store(key, writtenStatus{uid: dq.UID, cacheRV: dq.ResourceVersion, status: obj.Status})
+	s.written.Store(key, writtenStatus{uid: dq.UID, cacheRV: dq.ResourceVersion, status: obj.Status, rv: obj.ResourceVersion})
 	// The Events regard the quota as just written. The Event recorder folds Events of the same
 	// type, reason and action about the same object version into one series and keeps only the
 	// first note, so two rebalances recorded on one cached version would report the first one
@@ -132,12 +143,15 @@ func (s *quotaStatusWriter) record(dq *apportionv1.DownstreamQuota, evs []status
 
 // statusPatch is a JSON patch (RFC 6902) that sets the whole status of the object with this UID,
 // and of no other: its test of metadata.uid fails — the API server answers 422 Invalid — once
-// the name belongs to an object created again. ("add" replaces a member that exists.)
-func statusPatch(uid types.UID, status any) (client.Patch, error) {
-	b, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": "/metadata/uid", "value": uid},
-		{"op": "add", "path": "/status", "value": status},
-	})
+// the name belongs to an object created again. ("add" replaces a member that exists.) A
+// non-empty rv makes it a write of that version only: the API server answers 409 Conflict when
+// the object has another (the resourceVersion of a patched object is a precondition).
+func statusPatch(uid types.UID, rv string, status any) (client.Patch, error) {
+	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": uid}}
+	if rv != "" {
+		ops = append(ops, map[string]any{"op": "replace", "path": "/metadata/resourceVersion", "value": rv})
+	}
+	b, err := json.Marshal(append(ops, map[string]any{"op": "add", "path": "/status", "value": status}))
 	return client.RawPatch(types.JSONPatchType, b), err
 }
 

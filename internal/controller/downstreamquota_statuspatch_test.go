@@ -86,4 +86,36 @@ var _ = Describe("DownstreamQuota status writes", func() {
 		Expect(getQuota(ctx, ns, "q")()).To(HaveField("Status.PerPod", before.PerPod))
 		Expect(s.write(ctx, key, quotaStatusUpdate{UID: dq.UID, Status: before})).To(Equal(StatusUnchanged))
 	})
+
+	It("never writes an older status.global over the member's record of its grant", func() {
+		ns := newNamespace(ctx)
+		dq := builders.MakeDownstreamQuota("q", ns).Limit(10).Target(apportionv1.KindDeployment, "absent").Obj()
+		dq.Spec.Global = &apportionv1.GlobalRef{Hub: "hub", Namespace: "partners", Name: "q", Cluster: "eu-1"}
+		Expect(k8sClient.Create(ctx, dq)).To(Succeed())
+		key := client.ObjectKeyFromObject(dq)
+		Eventually(inCache(key)).Should(HaveField("Status.Conditions", Not(BeEmpty())))
+		cached, err := inCache(key)()
+		Expect(err).NotTo(HaveOccurred())
+
+		// The member records grant 7 (as hubsync.Member does: a merge patch, optimistic lock).
+		var live apportionv1.DownstreamQuota
+		Expect(k8sClient.Get(ctx, key, &live)).To(Succeed())
+		base := live.DeepCopy()
+		live.Status.Global = &apportionv1.GlobalSliceStatus{Seq: 7, Slice: 6, ReservedSlice: 2}
+		Expect(k8sClient.Status().Patch(ctx, &live, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))).To(Succeed())
+
+		// A writer whose cache still shows the quota from before the record: its write conflicts.
+		flipped := *cached.Status.DeepCopy()
+		flipped.PerPod = "flipped"
+		s := &quotaStatusWriter{Reader: staleQuota{Client: managerClient, key: key, dq: cached}, Client: managerClient}
+		_, err = s.write(ctx, key, quotaStatusUpdate{UID: dq.UID, Status: flipped})
+		Expect(apierrors.IsConflict(err)).To(BeTrue(), "%v", err)
+		Expect(getQuota(ctx, ns, "q")()).To(HaveField("Status.Global.Seq", int64(7)))
+
+		// Once the cache shows the record, the write goes through and keeps it.
+		Eventually(inCache(key)).Should(HaveField("Status.Global", Not(BeNil())))
+		s = &quotaStatusWriter{Reader: managerClient, Client: managerClient}
+		Eventually(func() error { _, err := s.write(ctx, key, quotaStatusUpdate{UID: dq.UID, Status: flipped}); return err }).Should(Succeed())
+		Expect(getQuota(ctx, ns, "q")()).To(And(HaveField("Status.PerPod", "flipped"), HaveField("Status.Global.Seq", int64(7))))
+	})
 })

@@ -2,7 +2,10 @@
 // half is internal/hub): HubReconciler, run by the manager of the hub cluster (--hub), keeps each
 // GlobalQuota's allocation and publishes the grants in ClusterSlices; Member, run by a member
 // cluster's manager for a DownstreamQuota with spec.global, reads its grant from the hub, holds
-// its lease, records the grant in its own cluster and acknowledges it.
+// its lease, records the grant in its own cluster and acknowledges it; Members, run by every
+// manager (on the leader), starts a Member per such quota from the hub kubeconfig Secret the
+// quota names, stops it when the quota goes, and tells the DownstreamQuota controller each
+// quota's local limit (controller.GlobalSlices).
 //
 // Writes happen only on change. The hub writes a GlobalQuota's status when a plan changes a
 // grant or the Ready condition, and a ClusterSlice's spec when a grant is to be published; a

@@ -38,6 +38,10 @@ type Member struct {
 	Inner func() (counted int64, synced bool)
 	// Demand is the local limit the member would like (0 when nil).
 	Demand func() int64
+	// Notify, when set, is called once the local limit or the grant in force may have changed:
+	// after a round that read a new grant, and when the lease ended (Start wakes for it). The
+	// DownstreamQuota controller then plans on the new limit at once.
+	Notify func()
 
 	mu       sync.Mutex // guards lease, which Limit and Grant read from other goroutines
 	lease    *hub.Lease
@@ -190,23 +194,79 @@ func (m *Member) record(ctx context.Context, g hub.Grant) error {
 	return nil
 }
 
-// Start runs Sync every third of the lease (every second before the first grant) until ctx ends.
+// Start runs Sync every third of the lease (every second before the first grant) until ctx ends;
+// each round gets that long at most (a read that takes longer renews nothing worth having, and
+// client-go retries a read over a broken connection for seconds). Beside it, Start watches the
+// lease's end, to Notify at once when the limit falls, whatever a round is waiting on.
 func (m *Member) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithValues("quota", m.Quota, "global", m.Ref.Namespace+"/"+m.Ref.Name)
-	for {
-		if err := m.Sync(ctx); err != nil && ctx.Err() == nil {
-			log.V(1).Info("slice sync failed", "err", err.Error())
+	var mu sync.Mutex
+	var told limitState
+	tell := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := m.state(); now != told && m.Notify != nil {
+			told = now
+			m.Notify()
 		}
+	}
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		for {
+			wait := time.Second
+			m.lock()
+			if m.lease != nil {
+				if left := m.lease.Until().Sub(m.Clock.Now()); left > 0 {
+					wait = min(wait, left)
+				}
+			}
+			m.unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.Clock.After(wait):
+			}
+			tell()
+		}
+	}()
+	for {
 		every := time.Second
 		m.lock()
 		if m.lease != nil && !m.lease.Until().IsZero() {
 			every = m.lease.Duration() / 3
 		}
 		m.unlock()
+		round, cancel := context.WithTimeout(ctx, every)
+		if err := m.Sync(round); err != nil && ctx.Err() == nil {
+			log.V(1).Info("slice sync failed", "err", err.Error())
+		}
+		cancel()
+		tell()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-m.Clock.After(every):
 		}
 	}
+}
+
+// limitState is what the DownstreamQuota controller plans on.
+type limitState struct {
+	grant hub.Grant
+	limit int64
+	held  bool
+}
+
+func (m *Member) state() limitState {
+	lim, held := m.Limit()
+	return limitState{grant: m.Grant(), limit: lim, held: held}
+}
+
+// Started says whether the member read its record (Limit is meaningful from then on).
+func (m *Member) Started() bool {
+	m.lock()
+	defer m.unlock()
+	return m.lease != nil
 }

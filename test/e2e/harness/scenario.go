@@ -89,6 +89,9 @@ type ScenarioConfig struct {
 	QuotaObject *apportionv1.DownstreamQuota
 	// Logf logs the scenario's actions; nil discards.
 	Logf func(format string, args ...any)
+	// Upstream, when set, is the test downstream the quota calls, shared with other scenarios
+	// (several clusters calling one partner); the scenario neither starts nor closes it.
+	Upstream *Downstream
 }
 
 func (c *ScenarioConfig) defaults() {
@@ -170,7 +173,9 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		return nil, err
 	}
 	var caPEM []byte
-	if cfg.UpstreamTLS {
+	if cfg.Upstream != nil {
+		s.DS = cfg.Upstream
+	} else if cfg.UpstreamTLS {
 		ca, err := tlstest.NewCA("e2e partner CA")
 		if err != nil {
 			return nil, err
@@ -414,7 +419,7 @@ func (s *Scenario) Close() MonitorStats {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	if s.DS != nil {
+	if s.DS != nil && s.Cfg.Upstream == nil {
 		_ = s.DS.Close()
 	}
 	s.cleanupObjects()
