@@ -169,6 +169,21 @@ fuzz: ## Bounded fuzzing by execution count (part of `make test`; the seed corpo
 test-e2e: ## The full end-to-end suite (real API server, manager and agents on loopback).
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" E2E_FULL=1 go test -count=1 -timeout=30m -v ./test/e2e/
 
+# make chaos: the randomized scenario RUNS times, seeds SEED, SEED+1, ... (default: from the
+# time), each for CHAOS_RUN, niced (CHAOS_NICE); each run's record is checked offline, a failed
+# run's schedule and record are saved under CHAOS_OUT (the path and the seed are printed). A run
+# is bounded (its schedule within CHAOS_RUN + 2 min); go test's timeout allows 3 min per run.
+RUNS ?= 200
+SEED ?=
+CHAOS_RUN ?= 20s
+CHAOS_OUT ?= $(or $(TMPDIR),/tmp)/apportion-chaos
+CHAOS_NICE ?= 10
+
+.PHONY: chaos
+chaos: ## The randomized chaos scenario RUNS=n times from SEED (checked offline; failures saved under CHAOS_OUT).
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CHAOS_RUNS=$(RUNS) E2E_CHAOS_SEED=$(SEED) E2E_CHAOS_RUN=$(CHAOS_RUN) E2E_CHAOS_OUT=$(CHAOS_OUT) \
+	  nice -n $(CHAOS_NICE) go test -count=1 -timeout=$$(( $(RUNS) * 3 + 10 ))m -run='^TestChaos$$' -v ./test/e2e/
+
 .PHONY: test-node
 test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/

@@ -171,10 +171,16 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 			sleepCtx(ctx, 20*time.Millisecond)
 			continue
 		}
+		if !a.beginAppCall() {
+			return
+		}
 		l.requests.Add(1)
 		a.noteCall()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := l.client.Do(req)
+		if err != nil {
+			a.endAppCall()
+		}
 		if err == nil {
 			a.firstStatus.CompareAndSwap(0, int32(resp.StatusCode))
 		}
@@ -207,6 +213,7 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		a.endAppCall()
 		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
 			// e.g. 404 before the agent's first assignment names the downstream: do not spin.
 			sleepCtx(ctx, 20*time.Millisecond)
