@@ -184,6 +184,23 @@ chaos: ## The randomized chaos scenario RUNS=n times from SEED (checked offline;
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CHAOS_RUNS=$(RUNS) E2E_CHAOS_SEED=$(SEED) E2E_CHAOS_RUN=$(CHAOS_RUN) E2E_CHAOS_OUT=$(CHAOS_OUT) \
 	  nice -n $(CHAOS_NICE) go test -count=1 -timeout=$$(( $(RUNS) * 3 + 10 ))m -run='^TestChaos$$' -v ./test/e2e/
 
+# make soak (not part of `make test`): TestClusterSoak on the cluster mode for SOAK_DURATION
+# (default 60m, at least 5m) from SOAK_SEED (default: from the time), SOAK_RATE calls/s open loop,
+# niced (SOAK_NICE); the per-window table is also written to SOAK_OUT.
+SOAK_DURATION ?= 60m
+SOAK_SEED ?=
+SOAK_RATE ?= 120
+SOAK_OUT ?= $(or $(TMPDIR),/tmp)/apportion-soak.txt
+SOAK_NICE ?= 10
+# go test's bound on the whole run (the soak, the cluster's start and the checks).
+SOAK_TIMEOUT ?= 2h
+
+.PHONY: soak
+soak: ## The soak (not in `make test`): cluster mode, two quotas, open-loop load, a seeded fault schedule; per-window table, slope test.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" \
+	  E2E_SOAK=1 E2E_SOAK_DURATION=$(SOAK_DURATION) E2E_SOAK_SEED=$(SOAK_SEED) E2E_SOAK_RATE=$(SOAK_RATE) E2E_SOAK_OUT=$(SOAK_OUT) \
+	  nice -n $(SOAK_NICE) go test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestClusterSoak$$' -v ./test/e2e/
+
 .PHONY: test-node
 test-node: ## The real-node lane (not in `make test`): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/

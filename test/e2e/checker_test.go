@@ -21,7 +21,7 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 
 // reading is an agent reading of gen g holding eff permits with its lease ending at lease ms.
 func reading(ms int, pod string, pid int, gen int64, eff int32, lease int) harness.HistReading {
-	return harness.HistReading{At: at(ms), Pod: pod, Pid: pid, Found: true, Epoch: 1, Gen: gen,
+	return harness.HistReading{At: at(ms), Sent: at(ms).Add(-time.Millisecond), Pod: pod, Pid: pid, Found: true, Epoch: 1, Gen: gen,
 		Effective: eff, Permits: eff, LeaseExpiresAt: at(lease)}
 }
 
@@ -76,8 +76,9 @@ func TestCheckHistoryCleanRun(t *testing.T) {
 }
 
 // frozenThenRaised: a holds 6 (lease until 1000 ms), is read at 300 ms and frozen at 310 ms; b
-// holds 4 and is raised to 6 at raiseAt ms, then lowered back to 4 one reading later (a
-// generation each). The samples (40 ms apart, at multiples of 40) never see b at 6.
+// holds 4 and is raised to 6 at raiseAt ms (read then and 10 ms later), then lowered back to 4
+// (read 20 ms after the raise), a generation each. The samples (every 40 ms, each with the
+// latest readings) never see b at 6.
 func frozenThenRaised(raiseAt int) *harness.History {
 	h := &harness.History{Limit: 10, LeaseTTL: 2 * time.Second, RequestTimeout: time.Second, Start: at(0), End: at(2000)}
 	for ms := 0; ms <= 300; ms += 40 {
@@ -85,15 +86,12 @@ func frozenThenRaised(raiseAt int) *harness.History {
 	}
 	h.Readings = append(h.Readings, reading(300, "a", 1, 1, 6, 1000))
 	h.Events = append(h.Events, harness.HistEvent{At: at(310), Pod: "a", Pid: 1, Kind: harness.EventFrozen})
-	for ms := 20; ms < 2000; ms += 40 {
-		switch {
-		case ms < raiseAt-10:
-			h.Readings = append(h.Readings, reading(ms, "b", 2, 1, 4, ms+1500))
-		case ms < raiseAt+30:
-			h.Readings = append(h.Readings, reading(raiseAt, "b", 2, 2, 6, raiseAt+1500))
-		default:
-			h.Readings = append(h.Readings, reading(ms, "b", 2, 3, 4, ms+1500))
-		}
+	for ms := 20; ms < raiseAt-5; ms += 40 {
+		h.Readings = append(h.Readings, reading(ms, "b", 2, 1, 4, ms+1500))
+	}
+	h.Readings = append(h.Readings, reading(raiseAt, "b", 2, 2, 6, raiseAt+1500), reading(raiseAt+10, "b", 2, 2, 6, raiseAt+1510))
+	for ms := raiseAt + 20; ms < 2000; ms += 40 {
+		h.Readings = append(h.Readings, reading(ms, "b", 2, 3, 4, ms+1500))
 	}
 	for ms := 0; ms < 2000; ms += 40 {
 		h.Samples = append(h.Samples, sample(ms, map[string]int32{"a": 6, "b": 4}))
@@ -107,26 +105,26 @@ func frozenThenRaised(raiseAt int) *harness.History {
 // from the readings although no two samples show it; once a's lease has ended, the same raise is
 // allowed.
 func TestCheckHistoryLeaseLemma(t *testing.T) {
-	fs := harness.CheckHistory(frozenThenRaised(530))
-	if len(fs) != 1 || fs[0].Kind != harness.FindLease || !fs[0].At.Equal(at(530)) {
-		t.Fatalf("want one %q finding at +530ms, got %v", harness.FindLease, fs)
+	fs := harness.CheckHistory(frozenThenRaised(525))
+	if len(fs) != 1 || fs[0].Kind != harness.FindLease || !fs[0].At.Equal(at(525)) {
+		t.Fatalf("want one %q finding at +525ms, got %v", harness.FindLease, fs)
 	}
 	t.Logf("found: %s", fs[0])
 	if !strings.Contains(fs[0].Detail, "a=6 (frozen") || !strings.Contains(fs[0].Detail, "b=6") {
 		t.Errorf("the finding does not name the frozen pod and the raised one: %s", fs[0].Detail)
 	}
 	// The live rule over the same samples sees nothing: the record is what catches it.
-	h := frozenThenRaised(530)
+	h := frozenThenRaised(525)
 	h.Readings = nil
 	if fs := harness.CheckHistory(h); len(fs) != 0 {
 		t.Fatalf("the samples alone should show nothing here, got %v", fs)
 	}
 	// After a's lease ended (1000 ms) the raise is what the protocol does.
-	if fs := harness.CheckHistory(frozenThenRaised(1130)); len(fs) != 0 {
+	if fs := harness.CheckHistory(frozenThenRaised(1125)); len(fs) != 0 {
 		t.Fatalf("a raise after the frozen pod's lease ended is allowed, got %v", fs)
 	}
 	// A frozen pod killed before the raise holds nothing any more.
-	h = frozenThenRaised(530)
+	h = frozenThenRaised(525)
 	h.Events[1].At = at(500)
 	if fs := harness.CheckHistory(h); len(fs) != 0 {
 		t.Fatalf("a killed pod holds nothing, got %v", fs)
@@ -139,11 +137,14 @@ func TestCheckHistoryLeaseLemma(t *testing.T) {
 // claim nothing between them.
 func TestCheckHistorySweepBetweenReadings(t *testing.T) {
 	h := cleanHistory()
-	// b raised to 7 at 1010 ms (seen by a reading), lowered to 5 at the next: a still at 5.
+	// b raised to 7 (seen by the readings at 1020 and 1060 ms), lowered to 5 at the next: a
+	// still at 5.
 	for i, r := range h.Readings {
-		if r.Pod == "b" && r.At.Equal(at(1020)) {
+		switch {
+		case r.Pod != "b" || r.At.Before(at(1020)):
+		case r.At.Before(at(1100)):
 			h.Readings[i].Effective, h.Readings[i].Gen = 7, 2
-		} else if r.Pod == "b" && r.At.After(at(1020)) {
+		default:
 			h.Readings[i].Gen = 3
 		}
 	}
@@ -153,10 +154,10 @@ func TestCheckHistorySweepBetweenReadings(t *testing.T) {
 	}
 
 	// a holds 6 with its lease until 500 ms, then is not read until 900 ms (6 again, renewed);
-	// b at 6 read at 700 ms: a may have lapsed in between, nothing is claimed.
+	// b at 6 read at 700 and 740 ms: a may have lapsed in between, nothing is claimed.
 	h = &harness.History{Limit: 10}
 	h.Readings = []harness.HistReading{reading(0, "a", 1, 1, 6, 500), reading(900, "a", 1, 1, 6, 2400),
-		reading(700, "b", 2, 1, 6, 2200)}
+		reading(700, "b", 2, 1, 6, 2200), reading(740, "b", 2, 1, 6, 2240)}
 	if fs := harness.CheckHistory(h); len(fs) != 0 {
 		t.Fatalf("a lease that may have lapsed between readings claims nothing after its end, got %v", fs)
 	}
@@ -213,7 +214,7 @@ func TestCheckHistoryOtherPromises(t *testing.T) {
 
 // TestHistorySaveLoad: the saved file checks as the history did.
 func TestHistorySaveLoad(t *testing.T) {
-	h := frozenThenRaised(530)
+	h := frozenThenRaised(525)
 	h.Seed, h.Schedule = 42, []string{"scale to 9"}
 	path := filepath.Join(t.TempDir(), "h.json")
 	if err := h.Save(path); err != nil {

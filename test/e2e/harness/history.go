@@ -41,9 +41,12 @@ type History struct {
 // HistReading is one answer of one agent process to GET /v1/state, for the scenario's
 // downstream.
 type HistReading struct {
-	At  time.Time `json:"at"`
-	Pod string    `json:"pod"`
-	Pid int       `json:"pid"`
+	// At is when the answer had arrived, Sent when the request was sent: the State held at
+	// some instant between them (a busy machine may stretch that interval either way).
+	At   time.Time `json:"at"`
+	Sent time.Time `json:"sent"`
+	Pod  string    `json:"pod"`
+	Pid  int       `json:"pid"`
 	// Found is false when the agent held no assignment of the downstream (it enforces nothing
 	// for it: 0 permits).
 	Found                        bool      `json:"found"`
@@ -57,6 +60,7 @@ type HistReading struct {
 // histReadingJSON spells the permit fields out (the struct tags of a multi-name field are shared).
 type histReadingJSON struct {
 	At             time.Time `json:"at"`
+	Sent           time.Time `json:"sent"`
 	Pod            string    `json:"pod"`
 	Pid            int       `json:"pid"`
 	Found          bool      `json:"found"`
@@ -71,7 +75,7 @@ type histReadingJSON struct {
 
 // MarshalJSON writes every field.
 func (r HistReading) MarshalJSON() ([]byte, error) {
-	return json.Marshal(histReadingJSON{r.At, r.Pod, r.Pid, r.Found, r.Epoch, r.Gen, r.Effective, r.Permits, r.InFlight, r.LeaseExpiresAt, r.LeaseExpired})
+	return json.Marshal(histReadingJSON{r.At, r.Sent, r.Pod, r.Pid, r.Found, r.Epoch, r.Gen, r.Effective, r.Permits, r.InFlight, r.LeaseExpiresAt, r.LeaseExpired})
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote.
@@ -80,12 +84,12 @@ func (r *HistReading) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*r = HistReading{j.At, j.Pod, j.Pid, j.Found, j.Epoch, j.Gen, j.Effective, j.Permits, j.InFlight, j.LeaseExpiresAt, j.LeaseExpired}
+	*r = HistReading{j.At, j.Sent, j.Pod, j.Pid, j.Found, j.Epoch, j.Gen, j.Effective, j.Permits, j.InFlight, j.LeaseExpiresAt, j.LeaseExpired}
 	return nil
 }
 
 func histReading(r *Reading, pod string) HistReading {
-	return HistReading{At: r.At, Pod: pod, Pid: r.Pid, Found: r.Found, Epoch: r.State.Epoch, Gen: r.State.Generation,
+	return HistReading{At: r.At, Sent: r.Sent, Pod: pod, Pid: r.Pid, Found: r.Found, Epoch: r.State.Epoch, Gen: r.State.Generation,
 		Effective: r.DS.EffectivePermits, Permits: r.DS.Permits, InFlight: r.DS.InFlight,
 		LeaseExpiresAt: r.State.LeaseExpiresAt, LeaseExpired: r.State.LeaseExpired}
 }
@@ -201,12 +205,15 @@ func CheckHistory(h *History) []Finding {
 	return out
 }
 
-// heldSpans turns one process's readings (sorted by time) into lower bounds of what it held:
+// heldSpans turns one process's readings (sorted by arrival) into lower bounds of what it held
+// (a reading's value is its effective permits, 0 when the downstream was not configured):
 //
-//   - at a reading: its effective permits (0 when the downstream was not configured);
-//   - between two readings of one epoch at most one generation apart, with no lapse possible
-//     between them: the smaller of the two (one change, if any, happened at one instant);
-//     otherwise nothing is claimed (0);
+//   - from one reading's arrival to the next one's sending, when they are of one epoch at most
+//     one generation apart: the smaller of the two values (one change, if any, happened at one
+//     instant), until the first reading's lease end if that comes first (a lapse the readings
+//     may not show); otherwise nothing is claimed. A reading alone claims nothing: its State
+//     was taken at an unknown instant between its sending and its arrival, and a busy machine
+//     can stretch that interval (a claim at the arrival could be stale);
 //   - after the last reading, when the process was frozen (an EventFrozen of its pid) and the
 //     reading's lease had not ended: that reading's value until its lease end or the process's
 //     kill, whichever is first. (A lowering acknowledged between the reading and the SIGSTOP
@@ -229,24 +236,23 @@ func heldSpans(rs []HistReading, frozenAt, killedAt time.Time) []span {
 		}
 		return to
 	}
-	for i, r := range rs {
-		out = append(out, span{from: r.At, to: r.At.Add(time.Nanosecond), value: val(r), pod: r.Pod})
-		if i+1 == len(rs) {
-			break
-		}
+	for i, r := range rs[:len(rs)-1] {
 		n := rs[i+1]
 		if n.Epoch != r.Epoch || n.Gen-r.Gen > 1 || n.Gen < r.Gen {
 			continue
 		}
-		// r's lease ended before n was read: it lapsed then unless a renewal the readings did
-		// not show came first, so r's value is claimed only until that lease end.
-		if end := until(r, n.At); end.Before(n.At) {
-			if from := r.At.Add(time.Nanosecond); end.After(from) {
-				out = append(out, span{from: from, to: end, value: min(val(r), val(n)), pod: r.Pod})
-			}
-			continue
+		// From r's arrival to n's sending: r's State was taken no later than the first, n's no
+		// earlier than the second, and the value changed at most once between them.
+		from, to := r.At, n.Sent
+		if to.IsZero() {
+			to = n.At
 		}
-		out = append(out, span{from: r.At.Add(time.Nanosecond), to: n.At, value: min(val(r), val(n)), pod: r.Pod})
+		// r's lease ended before that: it lapsed then unless a renewal the readings did not show
+		// came first, so r's value is claimed only until that lease end.
+		to = until(r, to)
+		if to.After(from) {
+			out = append(out, span{from: from, to: to, value: min(val(r), val(n)), pod: r.Pod})
+		}
 	}
 	if last := rs[len(rs)-1]; !frozenAt.IsZero() && frozenAt.After(last.At.Add(-200*time.Millisecond)) && last.Found && !last.LeaseExpired && !last.LeaseExpiresAt.IsZero() {
 		end := last.LeaseExpiresAt
@@ -254,7 +260,7 @@ func heldSpans(rs []HistReading, frozenAt, killedAt time.Time) []span {
 			end = killedAt
 		}
 		if end.After(last.At) {
-			out = append(out, span{from: last.At.Add(time.Nanosecond), to: end, value: val(last), frozen: true, pod: last.Pod, lease: last.LeaseExpiresAt})
+			out = append(out, span{from: last.At, to: end, value: val(last), frozen: true, pod: last.Pod, lease: last.LeaseExpiresAt})
 		}
 	}
 	return out

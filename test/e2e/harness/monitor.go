@@ -22,6 +22,10 @@ type MonitorConfig struct {
 	Downstream string
 	// Limit is the global in-flight limit.
 	Limit int32
+	// LimitNow, when set, is the limit in force, read at every sample and ledger reading
+	// instead of Limit (a soak edits the quota's limit: raised before the quota is, lowered once
+	// the calls admitted under the old limit drained).
+	LimitNow func() int32
 	// Hz is the sampling rate (default 25; at least 20 is the point).
 	Hz float64
 	// Key signs the GET /v1/state calls; it is called again after a failure (key rotation).
@@ -54,7 +58,9 @@ type MonitorConfig struct {
 
 // Reading is one agent's last answer.
 type Reading struct {
-	At time.Time
+	// At is when the answer had arrived; Sent, when the request was about to be sent: the
+	// State describes the agent at some instant between the two.
+	At, Sent time.Time
 	// Pid is the agent process's pid at the time (a restarted agent's old readings are ignored).
 	Pid   int
 	State assignment.State
@@ -307,6 +313,14 @@ func StartMonitor(ctx context.Context, cfg MonitorConfig) (*Monitor, error) {
 	return m, nil
 }
 
+// limit is the limit in force (LimitNow, else Limit).
+func (m *Monitor) limit() int32 {
+	if m.cfg.LimitNow != nil {
+		return m.cfg.LimitNow()
+	}
+	return m.cfg.Limit
+}
+
 func (m *Monitor) period() time.Duration { return time.Duration(float64(time.Second) / m.cfg.Hz) }
 
 func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
@@ -338,6 +352,7 @@ func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 // read reads a's State once (counted, and recorded with MonitorConfig.Record).
 func (m *Monitor) read(ctx context.Context, a *Agent) (*Reading, error) {
 	pid := a.Pid()
+	sent := time.Now()
 	st, err := m.client.Load().State(ctx, a.Endpoint(), 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -346,7 +361,7 @@ func (m *Monitor) read(ctx context.Context, a *Agent) (*Reading, error) {
 		m.stats.Failed++
 		return nil, err
 	}
-	r := &Reading{At: time.Now(), Pid: pid, State: *st}
+	r := &Reading{At: time.Now(), Sent: sent, Pid: pid, State: *st}
 	for _, d := range st.Downstreams {
 		if d.Name == m.cfg.Downstream {
 			r.DS, r.Found = d, true
@@ -499,14 +514,15 @@ func (m *Monitor) sample(ctx context.Context) {
 			delete(m.pollers, a)
 		}
 	}
+	limit := m.limit()
 	st := &m.stats
 	st.Samples++
 	st.MaxSumPermits = max(st.MaxSumPermits, s.SumPermits)
 	st.MaxSumInFlight = max(st.MaxSumInFlight, s.SumInFlight)
-	if s.SumPermits > m.cfg.Limit {
+	if s.SumPermits > limit {
 		st.RawPermitViolations++
 	}
-	if s.SumInFlight > m.cfg.Limit {
+	if s.SumInFlight > limit {
 		st.RawInFlightViolations++
 	}
 	if m.prev != nil {
@@ -517,11 +533,11 @@ func (m *Monitor) sample(ctx context.Context) {
 				minInFlight += min(prev.InFlight, cur.InFlight)
 			}
 		}
-		if minPermits > m.cfg.Limit {
+		if minPermits > limit {
 			st.PermitViolations++
 			m.addViolation(Violation{At: now, Kind: "Σ permits", Sum: minPermits, Confirmed: true, Detail: describe(m.prev, &s)})
 		}
-		if minInFlight > m.cfg.Limit {
+		if minInFlight > limit {
 			st.InFlightViolations++
 			m.addViolation(Violation{At: now, Kind: "Σ in-flight", Sum: minInFlight, Confirmed: true, Detail: describe(m.prev, &s)})
 		}
@@ -603,7 +619,7 @@ func (m *Monitor) ledgerLoop(ctx context.Context) {
 		m.mu.Lock()
 		if m.cfg.Record {
 			l := HistLedger{At: time.Now(), Sum: r.Sum, Recovering: r.Recovering}
-			if r.Sum > m.cfg.Limit {
+			if r.Sum > m.limit() {
 				l.Detail = r.Detail // only where it explains a finding: it is long
 			}
 			m.ledgers = append(m.ledgers, l)
@@ -611,7 +627,7 @@ func (m *Monitor) ledgerLoop(ctx context.Context) {
 		m.stats.LedgerSamples++
 		m.stats.MaxLedger = max(m.stats.MaxLedger, r.Sum)
 		switch {
-		case r.Sum <= m.cfg.Limit:
+		case r.Sum <= m.limit():
 		case r.Recovering:
 			m.stats.LedgerOverRecovering++
 		default:
