@@ -33,6 +33,10 @@ type OpenLoadStats struct {
 	Downstream, OK, Partner5xx int64
 	// Fallback: answered by the agent's fallback (any answer carrying X-Apportion-Fallback).
 	Fallback int64
+	// AgentProblem: the agent's own answer for a call the partner did not answer in time or at
+	// all — a problem+json 504 (APPORTION_UPSTREAM_TIMEOUT: requestTimeout passed) or 502
+	// (internal/agent/proxy) — explicit, but neither the partner's nor a fallback's.
+	AgentProblem int64
 	// TooMany429 is a 429 reaching the app.
 	TooMany429 int64
 	// Lost: a transport error at an agent that was killed or frozen during the call (its calls
@@ -45,7 +49,7 @@ type OpenLoadStats struct {
 // Sub is s − o, counter by counter.
 func (s OpenLoadStats) Sub(o OpenLoadStats) OpenLoadStats {
 	return OpenLoadStats{Calls: s.Calls - o.Calls, Downstream: s.Downstream - o.Downstream, OK: s.OK - o.OK,
-		Partner5xx: s.Partner5xx - o.Partner5xx, Fallback: s.Fallback - o.Fallback, TooMany429: s.TooMany429 - o.TooMany429,
+		Partner5xx: s.Partner5xx - o.Partner5xx, Fallback: s.Fallback - o.Fallback, AgentProblem: s.AgentProblem - o.AgentProblem, TooMany429: s.TooMany429 - o.TooMany429,
 		Lost: s.Lost - o.Lost, Unanswered: s.Unanswered - o.Unanswered, Shed: s.Shed - o.Shed}
 }
 
@@ -58,7 +62,7 @@ type OpenLoad struct {
 	done   chan struct{}
 
 	outstanding                                                            atomic.Int64
-	calls, downstream, ok, p5xx, fallback, tooMany, lost, unanswered, shed atomic.Int64
+	calls, downstream, ok, p5xx, fallback, problem, tooMany, lost, unanswered, shed atomic.Int64
 
 	mu           sync.Mutex
 	unansweredAt []string // the first ones, for the failure message
@@ -150,6 +154,8 @@ func (l *OpenLoad) call(a *Agent, ds string) {
 	case c == http.StatusInternalServerError:
 		l.downstream.Add(1)
 		l.p5xx.Add(1)
+	case (c == http.StatusGatewayTimeout || c == http.StatusBadGateway) && resp.Header.Get("Content-Type") == "application/problem+json":
+		l.problem.Add(1)
 	default:
 		l.noteUnanswered(a.Pod + ": " + resp.Status)
 	}
@@ -174,7 +180,7 @@ func (l *OpenLoad) Unanswered() []string {
 // Stats returns the counters so far (the calls under way are in Calls only).
 func (l *OpenLoad) Stats() OpenLoadStats {
 	return OpenLoadStats{Calls: l.calls.Load(), Downstream: l.downstream.Load(), OK: l.ok.Load(), Partner5xx: l.p5xx.Load(),
-		Fallback: l.fallback.Load(), TooMany429: l.tooMany.Load(), Lost: l.lost.Load(), Unanswered: l.unanswered.Load(), Shed: l.shed.Load()}
+		Fallback: l.fallback.Load(), AgentProblem: l.problem.Load(), TooMany429: l.tooMany.Load(), Lost: l.lost.Load(), Unanswered: l.unanswered.Load(), Shed: l.shed.Load()}
 }
 
 // Stop stops starting calls, waits for those under way (each ends within the timeout) and
