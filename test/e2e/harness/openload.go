@@ -61,7 +61,7 @@ type OpenLoad struct {
 	wg     sync.WaitGroup
 	done   chan struct{}
 
-	outstanding                                                            atomic.Int64
+	outstanding                                                                     atomic.Int64
 	calls, downstream, ok, p5xx, fallback, problem, tooMany, lost, unanswered, shed atomic.Int64
 
 	mu           sync.Mutex
