@@ -49,20 +49,6 @@ type HistReading struct {
 	Pid  int       `json:"pid"`
 	// Found is false when the agent held no assignment of the downstream (it enforces nothing
 	// for it: 0 permits).
-	Found                        bool      `json:"found"`
-	Epoch                        int64     `json:"epoch"`
-	Gen                          int64     `json:"gen"`
-	Effective, Permits, InFlight int32     `json:"-"`
-	LeaseExpiresAt               time.Time `json:"leaseExpiresAt,omitzero"`
-	LeaseExpired                 bool      `json:"leaseExpired,omitempty"`
-}
-
-// histReadingJSON spells the permit fields out (the struct tags of a multi-name field are shared).
-type histReadingJSON struct {
-	At             time.Time `json:"at"`
-	Sent           time.Time `json:"sent"`
-	Pod            string    `json:"pod"`
-	Pid            int       `json:"pid"`
 	Found          bool      `json:"found"`
 	Epoch          int64     `json:"epoch"`
 	Gen            int64     `json:"gen"`
@@ -71,21 +57,6 @@ type histReadingJSON struct {
 	InFlight       int32     `json:"inFlight"`
 	LeaseExpiresAt time.Time `json:"leaseExpiresAt,omitzero"`
 	LeaseExpired   bool      `json:"leaseExpired,omitempty"`
-}
-
-// MarshalJSON writes every field.
-func (r HistReading) MarshalJSON() ([]byte, error) {
-	return json.Marshal(histReadingJSON{r.At, r.Sent, r.Pod, r.Pid, r.Found, r.Epoch, r.Gen, r.Effective, r.Permits, r.InFlight, r.LeaseExpiresAt, r.LeaseExpired})
-}
-
-// UnmarshalJSON reads what MarshalJSON wrote.
-func (r *HistReading) UnmarshalJSON(b []byte) error {
-	var j histReadingJSON
-	if err := json.Unmarshal(b, &j); err != nil {
-		return err
-	}
-	*r = HistReading{j.At, j.Sent, j.Pod, j.Pid, j.Found, j.Epoch, j.Gen, j.Effective, j.Permits, j.InFlight, j.LeaseExpiresAt, j.LeaseExpired}
-	return nil
 }
 
 func histReading(r *Reading, pod string) HistReading {
