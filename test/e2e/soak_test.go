@@ -114,7 +114,8 @@ func TestClusterSoak(t *testing.T) {
 	}
 	t.Cleanup(func() { mon2.Stop() })
 
-	load := harness.StartOpenLoad(ctx, harness.OpenLoadConfig{Source: s.Workload, Downstreams: []string{s.Cfg.Quota, "inventory"}, Rate: rate})
+	load := harness.StartOpenLoad(ctx, harness.OpenLoadConfig{Source: s.Workload, Downstreams: []string{s.Cfg.Quota, "inventory"}, Rate: rate,
+		Logf: s.Cfg.Logf})
 	sampler := startSoakSampler(ctx, s, port)
 	start := time.Now()
 

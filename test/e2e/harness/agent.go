@@ -48,6 +48,9 @@ type Agent struct {
 	// checks Draining, so that drainAgent, which sets it first, can wait for every call that
 	// passed the check (the app container stops before its native sidecar is sent SIGTERM).
 	appCalls atomic.Int64
+	// up is set once the current process answered /healthz (Start): until then its pod's
+	// container is not ready and takes no traffic.
+	up atomic.Bool
 }
 
 // FirstStatus is the HTTP status of the first answer the app got through the agent (0: none).
@@ -152,11 +155,20 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.restarts++
 	}
 	a.draining.Store(false)
+	a.up.Store(false)
 	if err := a.Proc.Start(); err != nil {
 		return err
 	}
-	return a.waitPath(ctx, "/healthz", 20*time.Second)
+	if err := a.waitPath(ctx, "/healthz", 20*time.Second); err != nil {
+		return err
+	}
+	a.up.Store(true)
+	return nil
 }
+
+// Up reports whether the agent's current process has answered /healthz since Start: a
+// container restarting after a crash is not ready, and a Service sends it nothing until it is.
+func (a *Agent) Up() bool { return a.up.Load() }
 
 // WaitReady waits until /readyz answers 200 (an assignment was applied).
 func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {

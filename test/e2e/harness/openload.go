@@ -24,6 +24,8 @@ type OpenLoadConfig struct {
 	// MaxOutstanding bounds the calls under way (default 4096); a call the bound refuses is
 	// counted as Shed, not made.
 	MaxOutstanding int64
+	// Logf, when set, logs every unanswered call as it happens.
+	Logf func(format string, args ...any)
 }
 
 // OpenLoadStats counts what became of the calls.
@@ -97,9 +99,10 @@ func (l *OpenLoad) run(ctx context.Context) {
 		}
 		var ready []*Agent
 		for _, a := range l.cfg.Source.Agents() {
-			// The traffic a Service sends: ready endpoints of pods not terminating; a frozen
-			// pod's app is frozen with it and calls nothing.
-			if a.Serving() && !a.Draining() && !a.Suspended() {
+			// The traffic a Service sends: ready endpoints of pods not terminating, whose agent
+			// container is up (a restarted one is not ready until it answers); a frozen pod's
+			// app is frozen with it and calls nothing.
+			if a.Serving() && a.Up() && !a.Draining() && !a.Suspended() {
 				ready = append(ready, a)
 			}
 		}
@@ -133,7 +136,7 @@ func (l *OpenLoad) call(a *Agent, ds string) {
 	req, _ := http.NewRequest(http.MethodGet, a.DataURL(ds)+"/work", nil)
 	resp, err := l.client.Do(req)
 	if err != nil {
-		if a.Pid() != pid || !a.Running() || a.Suspended() {
+		if a.Pid() != pid || !a.Running() || !a.Up() || a.Suspended() {
 			l.lost.Add(1)
 		} else {
 			l.noteUnanswered(a.Pod + ": " + err.Error())
@@ -163,6 +166,9 @@ func (l *OpenLoad) call(a *Agent, ds string) {
 
 func (l *OpenLoad) noteUnanswered(what string) {
 	l.unanswered.Add(1)
+	if l.cfg.Logf != nil {
+		l.cfg.Logf("unanswered call: %s", what)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.unansweredAt) < 20 {
