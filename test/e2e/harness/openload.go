@@ -119,20 +119,22 @@ func (l *OpenLoad) run(ctx context.Context) {
 		if !a.beginAppCall() {
 			continue
 		}
+		// The process the call is meant for: the one that was up when it was picked (the
+		// goroutine may start after a restart).
+		pid := a.Pid()
 		l.outstanding.Add(1)
 		l.calls.Add(1)
 		l.wg.Go(func() {
 			defer l.outstanding.Add(-1)
 			defer a.endAppCall()
-			l.call(a, ds)
+			l.call(a, pid, ds)
 		})
 	}
 }
 
-// call makes one call; it is not cancelled when the load stops (Stop waits for it: every call
+// call makes one call to a's process pid; it is not cancelled when the load stops (Stop waits for it: every call
 // started is answered or counted lost), only bounded by the timeout.
-func (l *OpenLoad) call(a *Agent, ds string) {
-	pid := a.Pid()
+func (l *OpenLoad) call(a *Agent, pid int, ds string) {
 	req, _ := http.NewRequest(http.MethodGet, a.DataURL(ds)+"/work", nil)
 	resp, err := l.client.Do(req)
 	if err != nil {
