@@ -91,6 +91,7 @@ func (l *OpenLoad) run(ctx context.Context) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	var n uint64
+	lastPid := map[*Agent]int{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -98,20 +99,35 @@ func (l *OpenLoad) run(ctx context.Context) {
 		case <-t.C:
 		}
 		var ready []*Agent
+		var pids []int
+		var dones []<-chan struct{}
 		for _, a := range l.cfg.Source.Agents() {
 			// The traffic a Service sends: ready endpoints of pods not terminating, whose agent
 			// container is up (a restarted one is not ready until it answers); a frozen pod's
-			// app is frozen with it and calls nothing.
-			if a.Serving() && a.Up() && !a.Draining() && !a.Suspended() {
+			// app is frozen with it and calls nothing. The pid is read first: Start clears Up
+			// before it starts a new process, so a new pid read here is up only once that
+			// process answered (an old one's calls fail as lost with it).
+			pid, done := a.Pid(), a.Done()
+			if a.Running() && a.Serving() && a.Up() && !a.Draining() && !a.Suspended() {
 				ready = append(ready, a)
+				pids = append(pids, pid)
+				dones = append(dones, done)
 			}
 		}
 		if len(ready) == 0 {
 			continue
 		}
-		a := ready[n%uint64(len(ready))]
+		i := n % uint64(len(ready))
+		a, pid, done := ready[i], pids[i], dones[i]
 		ds := l.cfg.Downstreams[(n/uint64(len(ready)))%uint64(len(l.cfg.Downstreams))]
 		n++
+		if last, ok := lastPid[a]; ok && last != pid {
+			// The agent restarted: the kept connections to its previous process are dead (a
+			// crashed process's peer may answer a reused one with a reset), as an app's client
+			// finds out; the harness drops them instead of counting those calls.
+			l.client.CloseIdleConnections()
+		}
+		lastPid[a] = pid
 		if l.outstanding.Load() >= l.cfg.MaxOutstanding {
 			l.shed.Add(1)
 			continue
@@ -119,25 +135,31 @@ func (l *OpenLoad) run(ctx context.Context) {
 		if !a.beginAppCall() {
 			continue
 		}
-		// The process the call is meant for: the one that was up when it was picked (the
-		// goroutine may start after a restart).
-		pid := a.Pid()
 		l.outstanding.Add(1)
 		l.calls.Add(1)
 		l.wg.Go(func() {
 			defer l.outstanding.Add(-1)
 			defer a.endAppCall()
-			l.call(a, pid, ds)
+			l.call(a, pid, done, ds)
 		})
 	}
 }
 
-// call makes one call to a's process pid; it is not cancelled when the load stops (Stop waits for it: every call
-// started is answered or counted lost), only bounded by the timeout.
-func (l *OpenLoad) call(a *Agent, pid int, ds string) {
+// call makes one call to a's process pid (done is closed when that process exits); it is not
+// cancelled when the load stops (Stop waits for it: every call started is answered or counted
+// lost), only bounded by the timeout.
+func (l *OpenLoad) call(a *Agent, pid int, done <-chan struct{}, ds string) {
 	req, _ := http.NewRequest(http.MethodGet, a.DataURL(ds)+"/work", nil)
 	resp, err := l.client.Do(req)
 	if err != nil {
+		// Lost with its agent when that process died (it is reaped a moment after the kill: wait
+		// for it a little), was frozen, or was replaced.
+		select {
+		case <-done:
+			l.lost.Add(1)
+			return
+		case <-time.After(time.Second):
+		}
 		if a.Pid() != pid || !a.Running() || !a.Up() || a.Suspended() {
 			l.lost.Add(1)
 		} else {
