@@ -181,6 +181,38 @@ test-e2e: ## The full end-to-end suite (real API server, manager and agents on l
 test-node-short:
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" APPORTION_NODE=1 APPORTION_NODE_LANE=short go test -count=1 -timeout=30m -run='^TestNode$$' ./test/node/
 
+# make chaos: the randomized scenario RUNS times, seeds SEED, SEED+1, ... (default: from the
+# time), each for CHAOS_RUN, niced (CHAOS_NICE); each run's record is checked offline, a failed
+# run's schedule and record are saved under CHAOS_OUT (the path and the seed are printed). A run
+# is bounded (its schedule within CHAOS_RUN + 2 min); go test's timeout allows 3 min per run.
+RUNS ?= 200
+SEED ?=
+CHAOS_RUN ?= 20s
+CHAOS_OUT ?= $(or $(TMPDIR),/tmp)/apportion-chaos
+CHAOS_NICE ?= 10
+
+.PHONY: chaos
+chaos: ## The randomized chaos scenario RUNS=n times from SEED (checked offline; failures saved under CHAOS_OUT).
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CHAOS_RUNS=$(RUNS) E2E_CHAOS_SEED=$(SEED) E2E_CHAOS_RUN=$(CHAOS_RUN) E2E_CHAOS_OUT=$(CHAOS_OUT) \
+	  nice -n $(CHAOS_NICE) go test -count=1 -timeout=$$(( $(RUNS) * 3 + 10 ))m -run='^TestChaos$$' -v ./test/e2e/
+
+# make soak (not part of `make test`): TestClusterSoak on the cluster mode for SOAK_DURATION
+# (default 60m, at least 5m) from SOAK_SEED (default: from the time), SOAK_RATE calls/s open loop,
+# niced (SOAK_NICE); the per-window table is also written to SOAK_OUT.
+SOAK_DURATION ?= 60m
+SOAK_SEED ?=
+SOAK_RATE ?= 120
+SOAK_OUT ?= $(or $(TMPDIR),/tmp)/apportion-soak.txt
+SOAK_NICE ?= 10
+# go test's bound on the whole run (the soak, the cluster's start and the checks).
+SOAK_TIMEOUT ?= 2h
+
+.PHONY: soak
+soak: ## The soak (not in `make test`): cluster mode, two quotas, open-loop load, a seeded fault schedule; per-window table, slope test.
+	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" \
+	  E2E_SOAK=1 E2E_SOAK_DURATION=$(SOAK_DURATION) E2E_SOAK_SEED=$(SOAK_SEED) E2E_SOAK_RATE=$(SOAK_RATE) E2E_SOAK_OUT=$(SOAK_OUT) \
+	  nice -n $(SOAK_NICE) go test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestClusterSoak$$' -v ./test/e2e/
+
 .PHONY: test-node
 test-node: ## The whole real-node lane (`make test` runs its short form): a kubelet, containerd and a bridge pod network in a network namespace of its own; walks docs/install.md on it, then the Helm chart. Needs root.
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" E2E_CLUSTER_ASSETS="$$(hack/envtest-assets.sh --cluster)" NODE_ASSETS="$$(hack/envtest-assets.sh --node)" APPORTION_NODE=1 go test -count=1 -timeout=30m -v ./test/node/

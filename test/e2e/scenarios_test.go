@@ -4,11 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -296,140 +293,6 @@ func TestHPAFlapping(t *testing.T) {
 	mustConverge(t, ctx, s)
 	t.Logf("%d flaps", flaps)
 	finish(t, s, start)
-}
-
-// TestRandomized mixes scale events, manager kills, agent kills and stops, and flapping, from a
-// seed (E2E_SEED replays one), for 30 s (full: 3 minutes).
-func TestRandomized(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("E2E_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("E2E_SEED: %v", err)
-		}
-	}
-	t.Logf("seed %d (replay: E2E_SEED=%d)", seed, seed)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("replay with E2E_SEED=%d", seed)
-		}
-	})
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	s := scenario(t, harness.ScenarioConfig{})
-	ctx := t.Context()
-	start := time.Now()
-	mustConverge(t, ctx, s)
-	w := s.Workload
-	end := time.Now().Add(dur(30*time.Second, 3*time.Minute))
-	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo))) }
-	pick := func() string { p := w.Pods(); return p[rng.IntN(len(p))] }
-	var dead, stoppedPods []string
-	actions := map[string]int{}
-	for time.Now().Before(end) && !t.Failed() {
-		var err error
-		switch k := rng.IntN(10); {
-		case k < 3:
-			n := 4 + rng.Int32N(13)
-			actions["scale"]++
-			t.Logf("action: scale to %d", n)
-			err = w.ScaleTo(ctx, n, harness.ScaleOptions{Step: between(0, 300*time.Millisecond)})
-		case k < 4:
-			n := 4 + rng.Int32N(13)
-			actions["scale+manager-kill"]++
-			t.Logf("action: scale to %d, killing the manager on the way", n)
-			phase := []string{"decided", "spec", "pods"}[rng.IntN(3)]
-			down := between(100*time.Millisecond, 2*time.Second)
-			// The restart runs beside the scale: pods wait for the injection webhook (as the
-			// ReplicaSet controller's retries do) while no manager serves it.
-			restarted := make(chan error, 1)
-			killed := false
-			err = w.ScaleTo(ctx, n, harness.ScaleOptions{Step: between(50*time.Millisecond, 300*time.Millisecond), BetweenPhases: func(p string) {
-				if p == phase {
-					killed = true
-					_ = s.Manager.Kill()
-					go func() {
-						_ = sleep(ctx, down)
-						restarted <- s.Manager.Start(ctx)
-					}()
-				}
-			}})
-			if killed {
-				if serr := <-restarted; err == nil {
-					err = serr
-				}
-			}
-		case k < 5:
-			actions["manager-restart"]++
-			t.Logf("action: kill -9 the manager and restart it")
-			err = s.Manager.Restart(ctx)
-		case k < 6:
-			p := pick()
-			if slices.Contains(dead, p) || slices.Contains(stoppedPods, p) {
-				continue
-			}
-			actions["agent-kill"]++
-			t.Logf("action: kill -9 agent %s", p)
-			err = w.KillAgent(p)
-			dead = append(dead, p)
-		case k < 7:
-			p := pick()
-			if slices.Contains(dead, p) || slices.Contains(stoppedPods, p) {
-				continue
-			}
-			actions["agent-stop"]++
-			t.Logf("action: SIGSTOP agent %s", p)
-			err = w.SuspendAgent(p)
-			stoppedPods = append(stoppedPods, p)
-		case k < 8:
-			actions["heal"]++
-			t.Logf("action: restart dead agents %v and frozen ones %v", dead, stoppedPods)
-			err = heal(ctx, w, &dead, &stoppedPods)
-		default:
-			a, b := 4+rng.Int32N(13), 4+rng.Int32N(13)
-			actions["flap"]++
-			t.Logf("action: flap %d ↔ %d", a, b)
-			for i := range 4 {
-				if err = w.ScaleTo(ctx, []int32{a, b}[i%2], harness.ScaleOptions{}); err != nil {
-					break
-				}
-				_ = sleep(ctx, between(100*time.Millisecond, 700*time.Millisecond))
-			}
-		}
-		if err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
-		_ = sleep(ctx, between(200*time.Millisecond, 1500*time.Millisecond))
-	}
-	if err := heal(ctx, w, &dead, &stoppedPods); err != nil {
-		t.Fatal(err)
-	}
-	mustConverge(t, ctx, s)
-	t.Logf("actions: %v", actions)
-	finish(t, s, start)
-}
-
-// heal restarts killed agents whose pods still exist, and frozen ones (kill -9 and start: the
-// kubelet restarting a container that failed its probes). Resuming a frozen agent (SIGCONT) is
-// TestFrozenAgentResumes' subject: outside the protocol's model.
-func heal(ctx context.Context, w *harness.Workload, dead, stopped *[]string) error {
-	live := w.Pods()
-	for _, p := range *stopped {
-		if a := w.Agent(p); a != nil && a.Running() {
-			if err := w.KillAgent(p); err != nil {
-				return err
-			}
-			*dead = append(*dead, p)
-		}
-	}
-	for _, p := range *dead {
-		if slices.Contains(live, p) {
-			if err := w.RestartAgent(ctx, p); err != nil {
-				return err
-			}
-		}
-	}
-	*dead, *stopped = nil, nil
-	return nil
 }
 
 // TestScaleOutWhileDraining: from 6 pods × 6 permits, each saturated with slow calls (1 s), the

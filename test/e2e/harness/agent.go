@@ -44,6 +44,13 @@ type Agent struct {
 	// the status of the first answer it got.
 	firstCall   atomic.Int64
 	firstStatus atomic.Int32
+	// appCalls counts the app's calls through the agent under way: registered before the app
+	// checks Draining, so that drainAgent, which sets it first, can wait for every call that
+	// passed the check (the app container stops before its native sidecar is sent SIGTERM).
+	appCalls atomic.Int64
+	// up is set once the current process answered /healthz (Start): until then its pod's
+	// container is not ready and takes no traffic.
+	up atomic.Bool
 }
 
 // FirstStatus is the HTTP status of the first answer the app got through the agent (0: none).
@@ -69,6 +76,26 @@ func (a *Agent) SetDraining() { a.draining.Store(true) }
 
 // Draining reports SetDraining.
 func (a *Agent) Draining() bool { return a.draining.Load() }
+
+// beginAppCall registers an app call about to be sent; false (nothing registered) when the pod is
+// shutting down and the app no longer calls. endAppCall ends a registered one.
+func (a *Agent) beginAppCall() bool {
+	a.appCalls.Add(1)
+	if a.Draining() {
+		a.appCalls.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (a *Agent) endAppCall() { a.appCalls.Add(-1) }
+
+// waitAppCalls waits up to d for the app's calls under way to end.
+func (a *Agent) waitAppCalls(d time.Duration) {
+	for end := time.Now().Add(d); a.appCalls.Load() > 0 && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // ControlURL is the base URL of the control API.
 func (a *Agent) ControlURL() string {
@@ -128,11 +155,20 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.restarts++
 	}
 	a.draining.Store(false)
+	a.up.Store(false)
 	if err := a.Proc.Start(); err != nil {
 		return err
 	}
-	return a.waitPath(ctx, "/healthz", 20*time.Second)
+	if err := a.waitPath(ctx, "/healthz", 20*time.Second); err != nil {
+		return err
+	}
+	a.up.Store(true)
+	return nil
 }
+
+// Up reports whether the agent's current process has answered /healthz since Start: a
+// container restarting after a crash is not ready, and a Service sends it nothing until it is.
+func (a *Agent) Up() bool { return a.up.Load() }
 
 // WaitReady waits until /readyz answers 200 (an assignment was applied).
 func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {

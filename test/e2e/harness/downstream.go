@@ -32,6 +32,16 @@ type Downstream struct {
 	srv                *http.Server
 	ln                 net.Listener
 
+	// limitNow, when > 0, replaces Limit (SetLimit). failPermille of the admitted calls are
+	// answered 500 at once, slowPermille are held slowLatency instead of the latency (SetFaults);
+	// failed counts the 500s.
+	limitNow     atomic.Int64
+	failPermille atomic.Int64
+	slowPermille atomic.Int64
+	slowLatency  atomic.Int64
+	failed       atomic.Int64
+	seq          atomic.Uint64
+
 	mu       sync.Mutex
 	first429 []time.Time
 }
@@ -93,6 +103,30 @@ func StartDownstreamTLS(limit int64, latency time.Duration, cert tls.Certificate
 // SetLatency changes how long calls are held (a partner slowing down).
 func (d *Downstream) SetLatency(l time.Duration) { d.latency.Store(int64(l)) }
 
+// SetLimit changes the calls the partner admits at once (the partner's own limit changed, or a
+// lowered quota is judged by its new limit once the calls admitted under the old one drained).
+func (d *Downstream) SetLimit(n int64) { d.limitNow.Store(n) }
+
+// CurrentLimit is the limit in force: SetLimit's, else Limit.
+func (d *Downstream) CurrentLimit() int64 {
+	if n := d.limitNow.Load(); n > 0 {
+		return n
+	}
+	return d.Limit
+}
+
+// SetFaults makes the partner misbehave: failPermille of the admitted calls (per mille, spread
+// evenly) are answered 500 at once, and slowPermille are held slow instead of the latency — its
+// tail (slowPermille ≥ 10 at 8 × the latency is a P99 eight times the median). Zeros end it.
+func (d *Downstream) SetFaults(failPermille, slowPermille int64, slow time.Duration) {
+	d.failPermille.Store(failPermille)
+	d.slowPermille.Store(slowPermille)
+	d.slowLatency.Store(int64(slow))
+}
+
+// Failed counts the calls answered 500 by SetFaults.
+func (d *Downstream) Failed() int64 { return d.failed.Load() }
+
 // ServeHTTP implements the partner.
 func (d *Downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 2 {
@@ -105,15 +139,28 @@ func (d *Downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.total.Add(1)
 	n := d.inFlight.Add(1)
 	defer d.inFlight.Add(-1)
-	if n > d.Limit {
+	if n > d.CurrentLimit() {
 		d.refused()
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, fmt.Sprintf("too many concurrent calls (%d > %d)", n, d.Limit), http.StatusTooManyRequests)
+		http.Error(w, fmt.Sprintf("too many concurrent calls (%d > %d)", n, d.CurrentLimit()), http.StatusTooManyRequests)
 		return
 	}
 	storeMax(&d.peak, n)
 	storeMax(&d.winPeak, n)
-	t := time.NewTimer(time.Duration(d.latency.Load()))
+	latency := time.Duration(d.latency.Load())
+	// Faults, spread evenly over the calls by a counter (no randomness: a run repeats).
+	if fp, sp := d.failPermille.Load(), d.slowPermille.Load(); fp > 0 || sp > 0 {
+		k := int64(d.seq.Add(1) % 1000)
+		switch {
+		case (k*7919)%1000 < fp:
+			d.failed.Add(1)
+			http.Error(w, "partner failure", http.StatusInternalServerError)
+			return
+		case (k*104729+500)%1000 < sp:
+			latency = time.Duration(d.slowLatency.Load())
+		}
+	}
+	t := time.NewTimer(latency)
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -147,7 +194,7 @@ func storeMax(v *atomic.Int64, n int64) {
 // Stats returns the counters.
 func (d *Downstream) Stats() DownstreamStats {
 	return DownstreamStats{
-		Limit: d.Limit, InFlight: d.inFlight.Load(), Peak: d.peak.Load(), WindowPeak: d.winPeak.Load(),
+		Limit: d.CurrentLimit(), InFlight: d.inFlight.Load(), Peak: d.peak.Load(), WindowPeak: d.winPeak.Load(),
 		Total: d.total.Load(), OK: d.ok.Load(), TooMany429: d.tooMany.Load(), LatencyNano: d.latency.Load(),
 		HTTP2: d.h2Calls.Load(), GRPC: d.grpcCalls.Load(),
 	}

@@ -53,7 +53,7 @@ func (d *Downstream) serveGRPC(w http.ResponseWriter, r *http.Request) {
 	defer d.inFlight.Add(-1)
 	_, _ = io.Copy(io.Discard, r.Body) // the request message; the client half-closes after it
 	w.Header().Set("Content-Type", "application/grpc")
-	if n > d.Limit {
+	if n > d.CurrentLimit() {
 		d.refused()
 		w.Header().Set("Grpc-Status", strconv.Itoa(int(codes.ResourceExhausted)))
 		w.Header().Set("Grpc-Message", "too many concurrent calls")

@@ -130,6 +130,9 @@ func (w *Workload) drainAgent(name string, a *Agent) error {
 	if a.Suspended() {
 		grace = 0
 	}
+	// SIGTERM reaches the agent, a native sidecar, only once the app container has stopped:
+	// after the app's calls under way ended (a call sent to the closed listener would fail).
+	a.waitAppCalls(grace)
 	err := a.Stop(grace)
 	w.dropAgent(name, a)
 	return err

@@ -52,6 +52,8 @@ type LoadStats struct {
 	Errors     int64 // transport errors (an agent killed or stopped)
 	// OtherCodes counts the other statuses by code.
 	OtherCodes map[int]int64
+	// ErrorsByPod counts the transport errors by the pod whose agent was called.
+	ErrorsByPod map[string]int64
 }
 
 func (s LoadStats) String() string {
@@ -75,6 +77,9 @@ type Load struct {
 	requests, ok, fallback, tooMany, other, errs atomic.Int64
 	codes                                        [600]atomic.Int64
 	grpc                                         grpcConns // ProtocolGRPCStream's connections
+
+	errMu    sync.Mutex
+	errByPod map[string]int64
 }
 
 // StartLoad starts the load.
@@ -174,9 +179,13 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 			sleepCtx(ctx, 20*time.Millisecond)
 			continue
 		}
+		if !a.beginAppCall() {
+			return
+		}
 		l.requests.Add(1)
 		a.noteCall()
 		code, err := l.call(ctx, a, url)
+		a.endAppCall() // the call ended, its body read (or it failed)
 		if err == nil {
 			a.firstStatus.CompareAndSwap(0, int32(code))
 		}
@@ -187,6 +196,12 @@ func (l *Load) worker(ctx context.Context, a *Agent, i int) {
 				return
 			}
 			l.errs.Add(1)
+			l.errMu.Lock()
+			if l.errByPod == nil {
+				l.errByPod = map[string]int64{}
+			}
+			l.errByPod[a.Pod]++
+			l.errMu.Unlock()
 			sleepCtx(ctx, 20*time.Millisecond)
 			continue
 		case code >= 200 && code < 300:
@@ -249,6 +264,14 @@ func (l *Load) Stats() LoadStats {
 			st.OtherCodes[code] = n
 		}
 	}
+	l.errMu.Lock()
+	if len(l.errByPod) > 0 {
+		st.ErrorsByPod = make(map[string]int64, len(l.errByPod))
+		for pod, n := range l.errByPod {
+			st.ErrorsByPod[pod] = n
+		}
+	}
+	l.errMu.Unlock()
 	return st
 }
 

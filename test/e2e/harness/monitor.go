@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +22,10 @@ type MonitorConfig struct {
 	Downstream string
 	// Limit is the global in-flight limit.
 	Limit int32
+	// LimitNow, when set, is the limit in force, read at every sample and ledger reading
+	// instead of Limit (a soak edits the quota's limit: raised before the quota is, lowered once
+	// the calls admitted under the old limit drained).
+	LimitNow func() int32
 	// Hz is the sampling rate (default 25; at least 20 is the point).
 	Hz float64
 	// Key signs the GET /v1/state calls; it is called again after a failure (key rotation).
@@ -42,6 +47,9 @@ type MonitorConfig struct {
 	Ledger func(ctx context.Context) (LedgerReading, error)
 	// KeepHistory keeps every sample (Samples()).
 	KeepHistory bool
+	// Record keeps every agent reading and every ledger reading for the offline check
+	// (History, CheckHistory); Note adds the scenario's events to it.
+	Record bool
 	// LeaseTTL is the agents' lease length (the manager's --lease-ttl). With it the monitor also
 	// sees a lapse that began and ended between two readings (LeaseStats); zero counts only the
 	// lapses a reading caught.
@@ -50,7 +58,9 @@ type MonitorConfig struct {
 
 // Reading is one agent's last answer.
 type Reading struct {
-	At time.Time
+	// At is when the answer had arrived; Sent, when the request was about to be sent: the
+	// State describes the agent at some instant between the two.
+	At, Sent time.Time
 	// Pid is the agent process's pid at the time (a restarted agent's old readings are ignored).
 	Pid   int
 	State assignment.State
@@ -256,12 +266,16 @@ type Monitor struct {
 	wg     sync.WaitGroup
 	start  time.Time
 
-	mu       sync.Mutex
-	pollers  map[*Agent]*poller
-	last     map[string]Reading // last good reading per pod
-	prev     *Sample
-	history  []Sample
-	stats    MonitorStats
+	mu      sync.Mutex
+	pollers map[*Agent]*poller
+	last    map[string]Reading // last good reading per pod
+	prev    *Sample
+	history []Sample
+	stats   MonitorStats
+	// The record (MonitorConfig.Record).
+	readings []HistReading
+	ledgers  []HistLedger
+	events   []HistEvent
 	stopped  bool
 	stopTime time.Time
 }
@@ -299,27 +313,22 @@ func StartMonitor(ctx context.Context, cfg MonitorConfig) (*Monitor, error) {
 	return m, nil
 }
 
+// limit is the limit in force (LimitNow, else Limit).
+func (m *Monitor) limit() int32 {
+	if m.cfg.LimitNow != nil {
+		return m.cfg.LimitNow()
+	}
+	return m.cfg.Limit
+}
+
 func (m *Monitor) period() time.Duration { return time.Duration(float64(time.Second) / m.cfg.Hz) }
 
 func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 	t := time.NewTicker(m.period())
 	defer t.Stop()
 	for {
-		pid := a.Pid()
-		st, err := m.client.Load().State(ctx, a.Endpoint(), 0)
-		m.mu.Lock()
-		m.stats.Reads++
-		if err != nil {
-			m.stats.Failed++
-		}
-		m.mu.Unlock()
+		r, err := m.read(ctx, a)
 		if err == nil {
-			r := &Reading{At: time.Now(), Pid: pid, State: *st}
-			for _, d := range st.Downstreams {
-				if d.Name == m.cfg.Downstream {
-					r.DS, r.Found = d, true
-				}
-			}
 			p.mu.Lock()
 			p.reading = r
 			p.mu.Unlock()
@@ -337,6 +346,66 @@ func (m *Monitor) poll(ctx context.Context, a *Agent, p *poller) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// read reads a's State once (counted, and recorded with MonitorConfig.Record).
+func (m *Monitor) read(ctx context.Context, a *Agent) (*Reading, error) {
+	pid := a.Pid()
+	sent := time.Now()
+	st, err := m.client.Load().State(ctx, a.Endpoint(), 0)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stats.Reads++
+	if err != nil {
+		m.stats.Failed++
+		return nil, err
+	}
+	r := &Reading{At: time.Now(), Sent: sent, Pid: pid, State: *st}
+	for _, d := range st.Downstreams {
+		if d.Name == m.cfg.Downstream {
+			r.DS, r.Found = d, true
+		}
+	}
+	if m.cfg.Record {
+		m.readings = append(m.readings, histReading(r, a.Pod))
+	}
+	return r, nil
+}
+
+// ReadNow reads a's State at once and records it (MonitorConfig.Record): a scenario calls it
+// right before it freezes the agent, so that the record's last reading of the process is as
+// close to the freeze as can be (heldSpans).
+func (m *Monitor) ReadNow(ctx context.Context, a *Agent) error {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err := m.read(ctx, a)
+	return err
+}
+
+// Note records an event of a's current process (EventFrozen, EventKilled) at the time of the
+// call: call it right after the signal (MonitorConfig.Record).
+func (m *Monitor) Note(a *Agent, pid int, kind string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, HistEvent{At: time.Now(), Pod: a.Pod, Pid: pid, Kind: kind})
+}
+
+// History returns the record so far (MonitorConfig.Record; KeepHistory adds the samples), with
+// the downstream's counters; the caller adds the load's, the seed and the schedule.
+func (m *Monitor) History() *History {
+	st := m.Stats()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	end := time.Now()
+	if m.stopped {
+		end = m.stopTime
+	}
+	return &History{
+		Limit: m.cfg.Limit, LeaseTTL: m.cfg.LeaseTTL, RequestTimeout: m.cfg.RequestTimeout,
+		Start: m.start, End: end,
+		Readings: slices.Clone(m.readings), Ledger: slices.Clone(m.ledgers), Events: slices.Clone(m.events),
+		Samples: slices.Clone(m.history), Downstream: st.Downstream,
 	}
 }
 
@@ -445,14 +514,15 @@ func (m *Monitor) sample(ctx context.Context) {
 			delete(m.pollers, a)
 		}
 	}
+	limit := m.limit()
 	st := &m.stats
 	st.Samples++
 	st.MaxSumPermits = max(st.MaxSumPermits, s.SumPermits)
 	st.MaxSumInFlight = max(st.MaxSumInFlight, s.SumInFlight)
-	if s.SumPermits > m.cfg.Limit {
+	if s.SumPermits > limit {
 		st.RawPermitViolations++
 	}
-	if s.SumInFlight > m.cfg.Limit {
+	if s.SumInFlight > limit {
 		st.RawInFlightViolations++
 	}
 	if m.prev != nil {
@@ -463,11 +533,11 @@ func (m *Monitor) sample(ctx context.Context) {
 				minInFlight += min(prev.InFlight, cur.InFlight)
 			}
 		}
-		if minPermits > m.cfg.Limit {
+		if minPermits > limit {
 			st.PermitViolations++
 			m.addViolation(Violation{At: now, Kind: "Σ permits", Sum: minPermits, Confirmed: true, Detail: describe(m.prev, &s)})
 		}
-		if minInFlight > m.cfg.Limit {
+		if minInFlight > limit {
 			st.InFlightViolations++
 			m.addViolation(Violation{At: now, Kind: "Σ in-flight", Sum: minInFlight, Confirmed: true, Detail: describe(m.prev, &s)})
 		}
@@ -547,10 +617,17 @@ func (m *Monitor) ledgerLoop(ctx context.Context) {
 			continue
 		}
 		m.mu.Lock()
+		if m.cfg.Record {
+			l := HistLedger{At: time.Now(), Sum: r.Sum, Recovering: r.Recovering}
+			if r.Sum > m.limit() {
+				l.Detail = r.Detail // only where it explains a finding: it is long
+			}
+			m.ledgers = append(m.ledgers, l)
+		}
 		m.stats.LedgerSamples++
 		m.stats.MaxLedger = max(m.stats.MaxLedger, r.Sum)
 		switch {
-		case r.Sum <= m.cfg.Limit:
+		case r.Sum <= m.limit():
 		case r.Recovering:
 			m.stats.LedgerOverRecovering++
 		default:

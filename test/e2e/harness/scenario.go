@@ -79,6 +79,8 @@ type ScenarioConfig struct {
 	MonitorHz float64
 	// KeepHistory keeps the monitor's samples.
 	KeepHistory bool
+	// Record keeps the monitor's record for the offline check (MonitorConfig.Record).
+	Record bool
 	// PodStartDelay and Terminating pace the "kubelet" (defaults 0 and 300ms).
 	PodStartDelay, Terminating time.Duration
 	// Deployment and HPA override the generated ones (the demo passes the sample's).
@@ -265,7 +267,7 @@ func (e *Env) NewScenario(ctx context.Context, cfg ScenarioConfig) (_ *Scenario,
 		if s.Monitor, err = StartMonitor(s.ctx, MonitorConfig{
 			Source: s.Workload, Downstream: s.Cfg.Quota, Limit: cfg.Limit, Hz: cfg.MonitorHz, Key: s.Keys.Key,
 			SafeDefault: func() int32 { return s.safeDefault.Load() }, RequestTimeout: cfg.RequestTimeout,
-			FailClosed: s.failClosed.Load, DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory, LeaseTTL: cfg.LeaseTTL,
+			FailClosed: s.failClosed.Load, DS: s.DS, Ledger: s.ledger, KeepHistory: cfg.KeepHistory, Record: cfg.Record, LeaseTTL: cfg.LeaseTTL,
 		}); err != nil {
 			return nil, err
 		}
