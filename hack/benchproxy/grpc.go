@@ -12,8 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -184,33 +182,7 @@ func measureGRPC(t target, o options, upAddr string) (result, error) {
 // grpcOpenLoop sends unary calls at rate for dur, each from its own goroutine at its scheduled
 // time, on one connection.
 func grpcOpenLoop(cc *grpc.ClientConn, rate int, dur time.Duration) ([]time.Duration, int64) {
-	interval := time.Second / time.Duration(rate)
-	n := int(dur / interval)
-	lat := make([]time.Duration, n)
-	var errs atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for k := range n {
-		if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Go(func() {
-			d, err := grpcCall(cc)
-			if err != nil {
-				errs.Add(1)
-				d = -1
-			}
-			lat[k] = d
-		})
-	}
-	wg.Wait()
-	out := lat[:0]
-	for _, d := range lat {
-		if d >= 0 {
-			out = append(out, d)
-		}
-	}
-	return out, errs.Load()
+	return openLoop(rate, dur, func() (time.Duration, error) { return grpcCall(cc) })
 }
 
 // runGRPC measures the gRPC targets in rounds, as run does the HTTP ones, and reports them.

@@ -684,6 +684,13 @@ func roundTrip(c *conn) error {
 // openLoop sends calls at rate for dur, each from its own goroutine at its scheduled time, and
 // returns the latencies of those that answered and the count of the others.
 func (cl *client) openLoop(rate int, dur time.Duration) ([]time.Duration, int64) {
+	return openLoop(rate, dur, cl.call)
+}
+
+// openLoop calls call at rate for dur, each call from its own goroutine at its scheduled time
+// (an open loop: a slow answer does not delay the next call), and returns the latencies of the
+// calls that answered and the count of the others. The HTTP/1.1 and the gRPC parts share it.
+func openLoop(rate int, dur time.Duration, call func() (time.Duration, error)) ([]time.Duration, int64) {
 	interval := time.Second / time.Duration(rate)
 	n := int(dur / interval)
 	lat := make([]time.Duration, n)
@@ -695,7 +702,7 @@ func (cl *client) openLoop(rate int, dur time.Duration) ([]time.Duration, int64)
 			time.Sleep(d)
 		}
 		wg.Go(func() {
-			d, err := cl.call()
+			d, err := call()
 			if err != nil {
 				errs.Add(1)
 				d = -1
