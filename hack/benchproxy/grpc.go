@@ -62,16 +62,7 @@ func grpcNginxTarget(upAddr, dir string) target {
 		if err := os.MkdirAll(t, 0o700); err != nil {
 			return "", nil, err
 		}
-		c := `daemon off;
-master_process off;
-worker_processes 1;
-error_log ` + filepath.Join(prefix, "error.log") + ` error;
-pid ` + filepath.Join(prefix, "nginx.pid") + `;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path ` + t + `; proxy_temp_path ` + t + `; fastcgi_temp_path ` + t + `;
-  uwsgi_temp_path ` + t + `; scgi_temp_path ` + t + `;
+		c := nginxHead(prefix, t) + `
   upstream up { server ` + upAddr + `; keepalive 64; keepalive_requests 100000000; }
   server {
     listen ` + addr + ` http2;

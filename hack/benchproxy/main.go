@@ -308,16 +308,7 @@ func nginxTarget(ups upstream, withTLS bool, dir string) target {
 			return "", nil, err
 		}
 		t := filepath.Join(prefix, "tmp")
-		c := `daemon off;
-master_process off;
-worker_processes 1;
-error_log ` + filepath.Join(prefix, "error.log") + ` error;
-pid ` + filepath.Join(prefix, "nginx.pid") + `;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path ` + t + `; proxy_temp_path ` + t + `; fastcgi_temp_path ` + t + `;
-  uwsgi_temp_path ` + t + `; scgi_temp_path ` + t + `;
+		c := nginxHead(prefix, t) + `
   upstream up { server ` + upAddr + `; keepalive 256; keepalive_requests 100000000; }
   keepalive_requests 100000000;
   server {
@@ -811,4 +802,20 @@ func serveOn(ln net.Listener) error {
 			}
 		}()
 	}
+}
+
+// nginxHead is the start of an nginx configuration of one worker in the foreground whose files
+// (error log, pid, temporary files) are under prefix and t, up to the http block's own
+// directives: the HTTP/1.1 and the gRPC targets add their upstream and server.
+func nginxHead(prefix, t string) string {
+	return `daemon off;
+master_process off;
+worker_processes 1;
+error_log ` + filepath.Join(prefix, "error.log") + ` error;
+pid ` + filepath.Join(prefix, "nginx.pid") + `;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path ` + t + `; proxy_temp_path ` + t + `; fastcgi_temp_path ` + t + `;
+  uwsgi_temp_path ` + t + `; scgi_temp_path ` + t + `;`
 }
