@@ -83,14 +83,7 @@ func grpcHAProxyTarget(upAddr, dir string) target {
 	return target{name: "haproxy", start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
 		cfg := filepath.Join(dir, "haproxy-grpc.cfg")
-		c := `global
-  nbthread 1
-  maxconn 8000
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
+		c := haproxyHead + `
 frontend fe
   bind ` + addr + ` proto h2
   default_backend be

@@ -266,14 +266,7 @@ func haproxyTarget(ups upstream, withTLS bool, dir string) target {
 	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
 		cfg := filepath.Join(dir, name+".cfg")
-		c := `global
-  nbthread 1
-  maxconn 8000
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
+		c := haproxyHead + `
   option http-keep-alive
   http-reuse always
 frontend fe
@@ -819,3 +812,15 @@ http {
   client_body_temp_path ` + t + `; proxy_temp_path ` + t + `; fastcgi_temp_path ` + t + `;
   uwsgi_temp_path ` + t + `; scgi_temp_path ` + t + `;`
 }
+
+// haproxyHead is the start of an HAProxy configuration of one thread in HTTP mode with the
+// timeouts every target shares; the HTTP/1.1 and the gRPC targets add their defaults, frontend
+// and backend.
+const haproxyHead = `global
+  nbthread 1
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s`
