@@ -265,13 +265,15 @@ demo: ## The 429 storm without and with Apportion (real manager and agents); wri
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go run ./hack/demo
 
 .PHONY: build-installer
-build-installer: manifests kustomize ## Render the installation with IMG and AGENT_IMG: dist/install.yaml (cert-controller) and dist/install-certmanager.yaml.
+build-installer: manifests kustomize ## Render the installation with IMG and AGENT_IMG: dist/install.yaml (cert-controller), dist/install-certmanager.yaml and dist/install-hub.yaml (a hub cluster).
 	@mkdir -p dist
 	$(call render,config/default,dist/install.yaml)
 	$(call render,config/certmanager,dist/install-certmanager.yaml)
+	$(call render,config/hub,dist/install-hub.yaml)
 	@# The chart carries the same CRDs (Helm installs crds/ before the templates).
 	@for f in config/crd/bases/apportion.io_*.yaml; do n=$${f##*/apportion.io_}; cp "$$f" "dist/chart/crds/$${n%.yaml}.apportion.io.yaml"; done
 	@hack/chart-rbac.sh dist/install.yaml apportion-system > dist/chart/templates/rbac.yaml
+	@hack/chart-rbac.sh dist/install-hub.yaml apportion-system hub > dist/chart/templates/hub.yaml
 
 # render(kustomization dir, output file): kustomize build of the dir through a throw-away
 # overlay that sets the two images, so IMG/AGENT_IMG never edit a committed kustomization.

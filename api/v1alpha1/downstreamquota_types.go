@@ -456,7 +456,8 @@ type PeakSecond struct {
 // +kubebuilder:printcolumn:name="UTIL%",type=integer,JSONPath=`.status.utilizationPercent`,description="Calls in flight ÷ permits granted, percent"
 // +kubebuilder:printcolumn:name="READY",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Apportioned and pushed"
 // +kubebuilder:printcolumn:name="SLICE",type=integer,JSONPath=`.status.global.slice`,description="The slice of a GlobalQuota this member holds (spec.global)",priority=1
-// +kubebuilder:printcolumn:name="LEASE-UNTIL",type=string,JSONPath=`.status.global.leaseUntil`,description="Until when the slice is leased (as last written; a date in the future)",priority=1
+// +kubebuilder:printcolumn:name="LEASED",type=string,JSONPath=`.status.conditions[?(@.type=="SliceLeased")].status`,description="Whether this member holds a lease on its slice (False: on its reserved slice)",priority=1
+// +kubebuilder:printcolumn:name="LEASE-UNTIL",type=string,JSONPath=`.status.global.leaseUntil`,description="Until when the slice is leased (rewritten before half a lease is left while it holds; when it ended once it lapsed)",priority=1
 // +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`,description="Time since creation"
 type DownstreamQuota struct {
 	metav1.TypeMeta   `json:",inline"`

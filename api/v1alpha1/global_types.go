@@ -298,8 +298,10 @@ type GlobalSliceStatus struct {
 	// reservedSlice of that grant: the local limit once the lease ended.
 	// +optional
 	ReservedSlice int32 `json:"reservedSlice"`
-	// leaseUntil is when the lease ends unless renewed (this cluster's clock), as of the last
-	// status write; renewals by reading the hub do not write it each time.
+	// leaseUntil is when the lease ends unless renewed (this cluster's clock, to the second,
+	// rounded down). While the lease holds, the member writes it again once less than half a
+	// lease is left of what it wrote (about every two thirds of a lease): a date in the future
+	// while SliceLeased is True; the lease's end once it lapsed.
 	// +optional
 	LeaseUntil *metav1.Time `json:"leaseUntil,omitempty"`
 	// acknowledgedSeq is the newest grant acknowledged to the hub.
@@ -311,12 +313,15 @@ type GlobalSliceStatus struct {
 	SliceUID types.UID `json:"sliceUID,omitempty"`
 }
 
-// Condition of a member's DownstreamQuota: SliceLeased is true while it holds a lease on its
-// slice, false (reason LeaseLapsed) while it runs on its reserved slice, or (reason NoGrant)
-// before its first grant.
+// Condition of a member's DownstreamQuota, written by the member with its record (status.global):
+// SliceLeased is True (reason LeaseHeld) while it holds a lease on its slice; False while it runs
+// on its reserved slice — reason HubUnreachable when the last read of the hub failed, LeaseLapsed
+// otherwise (a manager restarted from its record, before its first read) — or, reason NoGrant,
+// before its first grant (local limit 0). The message names the slice, the grant and until when.
 const (
 	ConditionSliceLeased = "SliceLeased"
 	ReasonLeaseHeld      = "LeaseHeld"
 	ReasonLeaseLapsed    = "LeaseLapsed"
+	ReasonHubUnreachable = "HubUnreachable"
 	ReasonNoGrant        = "NoGrant"
 )

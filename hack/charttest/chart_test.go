@@ -1,9 +1,9 @@
 // Package charttest renders the Helm chart (dist/chart) with Helm's Go template engine — no
 // helm binary — and checks it object by object against the rendered kustomize installation:
 // default values against dist/install.yaml, certs.mode=cert-manager against
-// dist/install-certmanager.yaml, prometheus.enabled against config/prometheus. It is a module
-// of its own because Helm's dependencies pin other Kubernetes library versions than the main
-// module's; `make test` runs it.
+// dist/install-certmanager.yaml, hub.enabled against dist/install-hub.yaml, prometheus.enabled
+// against config/prometheus. It is a module of its own because Helm's dependencies pin other
+// Kubernetes library versions than the main module's; `make test` runs it.
 package charttest
 
 import (
@@ -156,6 +156,15 @@ func TestChartCertManagerMatchesInstallCertManagerYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	compare(t, got, withoutNamespace(readObjects(t, "dist/install-certmanager.yaml")))
+}
+
+// hub.enabled is config/hub: the hub role's ClusterRole and binding, and --hub on the manager.
+func TestChartHubMatchesInstallHubYAML(t *testing.T) {
+	got, err := render(t, loadChart(t), map[string]any{"hub": map[string]any{"enabled": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, got, withoutNamespace(readObjects(t, "dist/install-hub.yaml")))
 }
 
 func TestChartNamespace(t *testing.T) {

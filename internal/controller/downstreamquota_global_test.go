@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -89,6 +91,27 @@ func TestDecideOnSlice(t *testing.T) {
 		}
 		if tc.quota.Spec.MaxInFlight != 50 || ptr.Deref(tc.quota.Spec.Sharing, apportionv1.Sharing{}).FloorPermits != nil {
 			t.Errorf("%s: the quota read was changed: %+v", tc.name, tc.quota.Spec)
+		}
+	}
+}
+
+// TestKeepCondition: the status writer puts the member's SliceLeased back as it read it — in
+// place, added, or removed — and leaves the other conditions as decided.
+func TestKeepCondition(t *testing.T) {
+	c := func(typ, reason string) metav1.Condition { return metav1.Condition{Type: typ, Reason: reason} }
+	ready, leased, lapsed := c("Ready", "Apportioned"), c(apportionv1.ConditionSliceLeased, "LeaseHeld"), c(apportionv1.ConditionSliceLeased, "HubUnreachable")
+	for _, tc := range []struct {
+		name         string
+		decided, has []metav1.Condition
+		want         []metav1.Condition
+	}{
+		{"replaced in place", []metav1.Condition{leased, ready}, []metav1.Condition{ready, lapsed}, []metav1.Condition{lapsed, ready}},
+		{"added", []metav1.Condition{ready}, []metav1.Condition{lapsed}, []metav1.Condition{ready, lapsed}},
+		{"removed", []metav1.Condition{ready, leased}, []metav1.Condition{ready}, []metav1.Condition{ready}},
+		{"none", nil, nil, nil},
+	} {
+		if got := keepCondition(tc.decided, tc.has, apportionv1.ConditionSliceLeased); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

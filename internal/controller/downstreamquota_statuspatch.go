@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -94,13 +96,15 @@ func (s *quotaStatusWriter) write(ctx context.Context, key types.NamespacedName,
 	// optimistic lock): this writer keeps what it read there, and writes the rest of the status
 	// only on that very version of the quota — a record written since makes the patch conflict,
 	// and the retry reads it. An older record written back over a newer one would let a restarted
-	// member start above its newest grant's fallback (docs/protocol.md §16).
+	// member start above its newest grant's fallback (docs/protocol.md §16). The member writes its
+	// SliceLeased condition in the same patch: kept as read too.
 	u.Status.Global = has.Global
+	u.Status.Conditions = keepCondition(u.Status.Conditions, has.Conditions, apportionv1.ConditionSliceLeased)
 	if equality.Semantic.DeepEqual(has, u.Status) {
 		s.record(&dq, u.Events)
 		return StatusUnchanged, nil
 	}
-	if dq.Spec.Global == nil && has.Global == nil {
+	if dq.Spec.Global == nil && has.Global == nil && meta.FindStatusCondition(has.Conditions, apportionv1.ConditionSliceLeased) == nil {
 		rv = "" // no record to keep: the whole status is this writer's
 	}
 	patch, err := statusPatch(dq.UID, rv, u.Status)
@@ -127,6 +131,29 @@ func (s *quotaStatusWriter) write(ctx context.Context, key types.NamespacedName,
 	s.record(obj, u.Events)
 	log.FromContext(ctx).V(1).Info("status updated", "quota", key, "pods", u.Status.Pods, "perPod", u.Status.PerPod, "assigned", u.Status.Assigned)
 	return StatusWritten, nil
+}
+
+// keepCondition is conds with the condition typ as has holds it (or without it, when has has
+// none): a condition another writer owns — SliceLeased, which the member writes with its record
+// — goes back as read, in place.
+func keepCondition(conds, has []metav1.Condition, typ string) []metav1.Condition {
+	out := make([]metav1.Condition, 0, len(conds)+1)
+	theirs := meta.FindStatusCondition(has, typ)
+	placed := false
+	for _, c := range conds {
+		if c.Type != typ {
+			out = append(out, c)
+		} else if theirs != nil && !placed {
+			out, placed = append(out, *theirs), true
+		}
+	}
+	if theirs != nil && !placed {
+		out = append(out, *theirs)
+	}
+	if len(out) == 0 {
+		return conds // nil stays nil, for the comparison with has
+	}
+	return out
 }
 
 // forget drops what the writer remembers of a quota that is gone.

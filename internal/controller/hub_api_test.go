@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -200,12 +201,21 @@ var _ = Describe("The API of one quota across clusters", func() {
 			Eventually(func(g Gomega) {
 				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dq), dq)).To(Succeed())
 				dq.Status.Global = &apportionv1.GlobalSliceStatus{Seq: 4, Slice: 37, ReservedSlice: 5, LeaseUntil: &until}
+				apportionv1.SetCondition(&dq.Status.Conditions, apportionv1.ConditionSliceLeased, true, apportionv1.ReasonLeaseHeld, "slice 37", dq.Generation, metav1.Now())
 				g.Expect(k8sClient.Status().Update(ctx, dq)).To(Succeed())
 			}).Should(Succeed())
 			Expect(table(ctx, ns, "downstreamquotas", false)[0]).NotTo(HaveKey("SLICE"))
 			Expect(table(ctx, ns, "downstreamquotas", true)[0]).To(And(
 				HaveKeyWithValue("SLICE", BeNumerically("==", 37)), HaveKeyWithValue("LEASE-UNTIL", until.UTC().Format(time.RFC3339)),
+				HaveKeyWithValue("LEASED", "True"),
 			))
+			// The manager's status writes keep the member's condition as the member wrote it.
+			Consistently(func(g Gomega) {
+				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dq), dq)).To(Succeed())
+				c := meta.FindStatusCondition(dq.Status.Conditions, apportionv1.ConditionSliceLeased)
+				g.Expect(c).NotTo(BeNil())
+				g.Expect(c.Message).To(Equal("slice 37"))
+			}, 2*time.Second).Should(Succeed())
 		})
 
 		DescribeTable("refuses", func(ctx SpecContext, create bool, change func(*apportionv1.DownstreamQuota)) {

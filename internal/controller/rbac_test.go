@@ -154,6 +154,14 @@ var _ = Describe("The manager's RBAC (config/rbac)", Ordered, func() {
 		Expect(allowed(ctx, "create", "pods", app)).To(BeFalse())
 	})
 
+	It("grants nothing on GlobalQuotas or ClusterSlices: only the hub's manager has those (config/hub)", func() {
+		for _, res := range []string{"globalquotas", "globalquotas/status", "globalquotas/finalizers", "clusterslices", "clusterslices/status"} {
+			for _, verb := range []string{"get", "list", "watch", "create", "update", "patch", "delete"} {
+				Expect(allowedNamed(ctx, verb, apportionv1.GroupVersion.Group, res, "", "")).To(BeFalse(), "%s %s", verb, res)
+			}
+		}
+	})
+
 	It("changes only the ConfigMaps it owns: the trust ConfigMaps and, in its namespace, the epoch", func() {
 		app := newNamespace(ctx)
 		cm := func(verb, ns, name string) bool { return allowedNamed(ctx, verb, "", "configmaps", ns, name) }

@@ -10,7 +10,11 @@
 // Writes happen only on change. The hub writes a GlobalQuota's status when a plan changes a
 // grant or the Ready condition, and a ClusterSlice's spec when a grant is to be published; a
 // member writes its ClusterSlice's status when its drain bound, its acknowledgement or its
-// demand (beyond a dead band) changes, and its DownstreamQuota's status.global when it reads a
-// new grant. A member renews its lease by reading, every third of the lease: an idle global
-// quota costs the hub reads only.
+// demand (beyond a dead band) changes, and its DownstreamQuota's status.global and SliceLeased
+// condition when it reads a new grant, when the condition's reason changes, and — so that
+// leaseUntil stays a date in the future — once the lease moved half a lease past the leaseUntil
+// written (its own cluster, at most every second read). A member renews its lease by reading,
+// every third of the lease: an idle global quota costs the hub reads only. Members also follows
+// each hub Secret's resourceVersion and hands a running Member a client of the rotated
+// kubeconfig (Member.SetHub) without restarting it.
 package hubsync

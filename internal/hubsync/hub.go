@@ -28,10 +28,10 @@ const LabelGlobalQuota = "apportion.io/global-quota"
 // SliceName is the name of a member's ClusterSlice: <quota>-<cluster>.
 func SliceName(quota, cluster string) string { return quota + "-" + cluster }
 
-// The hub role's rights (the manager runs it with --hub): its GlobalQuotas and their slices.
-// +kubebuilder:rbac:groups=apportion.io,resources=globalquotas,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apportion.io,resources=globalquotas/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=apportion.io,resources=clusterslices,verbs=get;list;watch;create;update;delete
+// The hub role's rights are not kubebuilder markers, which would grant them to every manager:
+// config/hub/hub_role.yaml holds them (bound only where the manager runs with --hub), and
+// TestHubRole runs the HubReconciler with them alone. A change of what it does with the API
+// changes that file.
 
 // HubReconciler keeps every GlobalQuota's allocation on the hub (docs/protocol.md §16, "A
 // grant's life"): it reads the members' ClusterSlices (acknowledgements, drains, demand), plans

@@ -96,7 +96,13 @@ func (c cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func startHub(t *testing.T, env *testenv.Env) context.CancelFunc {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	return startHubAs(t, env, env.Config)
+}
+
+// startHubAs starts a hub manager on env that reaches the API server with cfg.
+func startHubAs(t *testing.T, env *testenv.Env, cfg *rest.Config) context.CancelFunc {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		// A restarted hub manager registers its controller again, in the same process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
@@ -251,8 +257,8 @@ func TestTwoClusters(t *testing.T) {
 		g.Expect(apierrors.IsForbidden(err)).To(BeTrue(), "b could %s: %v", name, err)
 	}
 
-	t.Log("idle: the members renew by reading; nothing is written on either cluster")
-	rvs := func() []string {
+	t.Log("idle: the members renew by reading; nothing is written on the hub, and each member's quota only to move its leaseUntil")
+	hubRVs := func() []string {
 		var out []string
 		var gq2 apportionv1.GlobalQuota
 		g.Expect(hubEnv.Client.Get(ctx, client.ObjectKeyFromObject(gq), &gq2)).To(Succeed())
@@ -260,15 +266,39 @@ func TestTwoClusters(t *testing.T) {
 		for _, c := range []string{"a", "b"} {
 			var cs apportionv1.ClusterSlice
 			g.Expect(hubEnv.Client.Get(ctx, types.NamespacedName{Namespace: "partners", Name: SliceName("partner", c)}, &cs)).To(Succeed())
-			var dq apportionv1.DownstreamQuota
-			g.Expect(members[c].local.Get(ctx, types.NamespacedName{Namespace: "app", Name: "partner"}, &dq)).To(Succeed())
-			out = append(out, cs.ResourceVersion, dq.ResourceVersion)
+			out = append(out, cs.ResourceVersion)
 		}
 		return out
 	}
-	before := rvs()
+	// The member's writes of its quota, counted from a watch: at most one per two thirds of a
+	// lease (the leaseUntil moved half a lease), so at most 5 over 3 leases (every read, 9).
+	writes := map[string]*atomic.Int64{}
+	for _, c := range []string{"a", "b"} {
+		writes[c] = &atomic.Int64{}
+		env := map[string]*testenv.Env{"a": hubEnv, "b": memberEnv}[c]
+		wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+		g.Expect(err).NotTo(HaveOccurred())
+		w, err := wc.Watch(ctx, &apportionv1.DownstreamQuotaList{}, client.InNamespace("app"))
+		g.Expect(err).NotTo(HaveOccurred())
+		defer w.Stop()
+		go func() {
+			for ev := range w.ResultChan() {
+				if ev.Type == "MODIFIED" {
+					writes[c].Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // the watches' initial events
+	writes["a"].Store(0)
+	writes["b"].Store(0)
+	before := hubRVs()
 	time.Sleep(3 * lease)
-	g.Expect(rvs()).To(Equal(before), "an idle global quota wrote")
+	g.Expect(hubRVs()).To(Equal(before), "an idle global quota wrote on the hub")
+	t.Logf("idle for 3 leases: the members wrote their quota %d and %d times (leaseUntil)", writes["a"].Load(), writes["b"].Load())
+	for _, c := range []string{"a", "b"} {
+		g.Expect(writes[c].Load()).To(BeNumerically("<=", 5), "member %s rewrote its quota more often than every two thirds of a lease", c)
+	}
 	_, heldA := members["a"].m.Limit()
 	_, heldB := members["b"].m.Limit()
 	g.Expect(heldA && heldB).To(BeTrue(), "a lease lapsed while the hub was reachable")

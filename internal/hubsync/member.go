@@ -46,10 +46,35 @@ type Member struct {
 	mu       sync.Mutex // guards lease, which Limit and Grant read from other goroutines
 	lease    *hub.Lease
 	recorded int64
-	sliceUID types.UID // the ClusterSlice the lease's grants come from
+	sliceUID types.UID     // the ClusterSlice the lease's grants come from
+	rotated  client.Client // the hub client SetHub gave, replacing Hub
+
+	hubErr    error     // the last read's failure (nil after a successful read)
+	shown     bool      // publish wrote since the member started
+	shownView sliceView // what it wrote
 }
 
-func (m *Member) lock()   { m.mu.Lock() }
+func (m *Member) lock() { m.mu.Lock() }
+
+// SetHub replaces the client that reaches the hub (a rotated kubeconfig) from the next request
+// on. The lease, the grant and the record stay: what a read means — a grant of this ClusterSlice
+// (its UID) with its sequence number, counted from the start of the read — does not depend on
+// the credential that made it (docs/protocol.md §16, "Rotating a member's kubeconfig").
+func (m *Member) SetHub(c client.Client) {
+	m.lock()
+	defer m.unlock()
+	m.rotated = c
+}
+
+// hubClient is the client of the next request: the latest SetHub's, else Hub.
+func (m *Member) hubClient() client.Client {
+	m.lock()
+	defer m.unlock()
+	if m.rotated != nil {
+		return m.rotated
+	}
+	return m.Hub
+}
 func (m *Member) unlock() { m.mu.Unlock() }
 
 // demandBand is the dead band of the demand a member writes: 10 % of what it wrote, at least 1.
@@ -76,37 +101,20 @@ func (m *Member) Grant() hub.Grant {
 	return m.lease.Grant()
 }
 
-// Sync is one round: read, record, answer. A failed read leaves the lease to end on its own.
+// Sync is one round: read, record, answer. A failed read leaves the lease to end on its own; the
+// round still shows it (publish) before it returns the read's error.
 func (m *Member) Sync(ctx context.Context) error {
 	if m.lease == nil {
 		if err := m.start(ctx); err != nil {
 			return err
 		}
 	}
-	start := m.Clock.Now() // before the request: the lease counts from no later than the read
-	var cs apportionv1.ClusterSlice
-	if err := m.Hub.Get(ctx, types.NamespacedName{Namespace: m.Ref.Namespace, Name: SliceName(m.Ref.Name, m.Ref.Cluster)}, &cs); err != nil {
+	cs, err := m.read(ctx)
+	m.hubErr = err
+	if perr := m.publish(ctx); err != nil {
 		return err
-	}
-	if cs.Spec.GlobalQuota != m.Ref.Name || cs.Spec.Cluster != m.Ref.Cluster {
-		return errors.New("hubsync: the ClusterSlice names another quota or cluster")
-	}
-	if err := m.sameSlice(cs.UID); err != nil {
-		return err
-	}
-	if cs.Spec.Seq > 0 {
-		m.lock()
-		_, err := m.lease.Read(hub.Grant{Seq: cs.Spec.Seq, Slice: int64(cs.Spec.Slice), Reserved: int64(cs.Spec.ReservedSlice)}, cs.Spec.LeaseDuration.Duration, start)
-		m.unlock()
-		if err != nil {
-			return err
-		}
-	}
-	g := m.Grant()
-	if g.Seq > m.recorded {
-		if err := m.record(ctx, g); err != nil {
-			return err
-		}
+	} else if perr != nil {
+		return perr // not recorded: nothing to acknowledge this round
 	}
 	want := cs.Status
 	if want.Drain == nil || want.Drain.Duration != m.Drain {
@@ -132,7 +140,32 @@ func (m *Member) Sync(ctx context.Context) error {
 		return nil // nothing to say: no write
 	}
 	cs.Status = want
-	return m.Hub.Status().Update(ctx, &cs) // precondition: the resourceVersion just read
+	return m.hubClient().Status().Update(ctx, cs) // precondition: the resourceVersion just read
+}
+
+// read reads the member's ClusterSlice from the hub and takes its grant (the lease counts from
+// the start of the read).
+func (m *Member) read(ctx context.Context) (*apportionv1.ClusterSlice, error) {
+	start := m.Clock.Now() // before the request: the lease counts from no later than the read
+	var cs apportionv1.ClusterSlice
+	if err := m.hubClient().Get(ctx, types.NamespacedName{Namespace: m.Ref.Namespace, Name: SliceName(m.Ref.Name, m.Ref.Cluster)}, &cs); err != nil {
+		return nil, err
+	}
+	if cs.Spec.GlobalQuota != m.Ref.Name || cs.Spec.Cluster != m.Ref.Cluster {
+		return nil, errors.New("hubsync: the ClusterSlice names another quota or cluster")
+	}
+	if err := m.sameSlice(cs.UID); err != nil {
+		return nil, err
+	}
+	if cs.Spec.Seq > 0 {
+		m.lock()
+		_, err := m.lease.Read(hub.Grant{Seq: cs.Spec.Seq, Slice: int64(cs.Spec.Slice), Reserved: int64(cs.Spec.ReservedSlice)}, cs.Spec.LeaseDuration.Duration, start)
+		m.unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &cs, nil
 }
 
 // sameSlice checks that uid is the ClusterSlice the lease's grants come from. A GlobalQuota is
@@ -171,26 +204,54 @@ func (m *Member) start(ctx context.Context) error {
 	return nil
 }
 
-// record writes g in the DownstreamQuota's status.global before anything acknowledges it.
-func (m *Member) record(ctx context.Context, g hub.Grant) error {
+// publish writes, in the DownstreamQuota's status, the newest grant (status.global, before
+// anything acknowledges it: the record a restarted member starts from) with the lease's end, and
+// the SliceLeased condition — when the grant is new, when the condition's reason changes (or,
+// off the lease, its message), or, while the lease holds, once the lease's end moved half a lease
+// past the leaseUntil written (so that it stays a date in the future: one write per two thirds
+// of a lease at most; none on the hub). One patch, with the quota's resourceVersion as
+// precondition (the DownstreamQuota controller keeps both as read).
+func (m *Member) publish(ctx context.Context) error {
+	now := m.Clock.Now()
+	m.lock()
+	g, until, d := m.lease.Grant(), m.lease.Until(), m.lease.Duration()
+	_, held := m.lease.Limit(now)
+	uid := m.sliceUID
+	m.unlock()
+	v := sliceLeased(m.Ref, g, held, until, d, m.hubErr)
+	// While the lease holds, its end moves with each read's start (reads start at least a third
+	// of a lease apart): rewritten once it moved half a lease past what was written, that is at
+	// most every second read, however slow the reads.
+	due := !m.shown || g.Seq > m.recorded || v.reason != m.shownView.reason ||
+		(!held && v.message != m.shownView.message) || (held && v.until.Sub(m.shownView.until) >= d/2)
+	if !due {
+		return nil
+	}
 	var dq apportionv1.DownstreamQuota
 	if err := m.Local.Get(ctx, m.Quota, &dq); err != nil {
 		return err
 	}
 	base := dq.DeepCopy()
-	m.lock()
-	until := metav1.NewTime(m.lease.Until())
-	uid := m.sliceUID
-	m.unlock()
-	prev := dq.Status.Global
-	dq.Status.Global = &apportionv1.GlobalSliceStatus{Seq: g.Seq, Slice: int32(g.Slice), ReservedSlice: int32(g.Reserved), LeaseUntil: &until, SliceUID: uid}
-	if prev != nil {
-		dq.Status.Global.AcknowledgedSeq = prev.AcknowledgedSeq
+	if g.Seq > 0 {
+		prev := dq.Status.Global
+		dq.Status.Global = &apportionv1.GlobalSliceStatus{Seq: g.Seq, Slice: int32(g.Slice), ReservedSlice: int32(g.Reserved), SliceUID: uid}
+		if prev != nil {
+			dq.Status.Global.AcknowledgedSeq = prev.AcknowledgedSeq
+			dq.Status.Global.LeaseUntil = prev.LeaseUntil
+			if prev.Seq == g.Seq && dq.Status.Global.SliceUID == "" {
+				dq.Status.Global.SliceUID = prev.SliceUID
+			}
+		}
+		if !v.until.IsZero() {
+			dq.Status.Global.LeaseUntil = &metav1.Time{Time: v.until}
+		}
 	}
+	apportionv1.SetCondition(&dq.Status.Conditions, apportionv1.ConditionSliceLeased, v.ok, v.reason, v.message, dq.Generation, metav1.NewTime(now))
 	if err := m.Local.Status().Patch(ctx, &dq, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return err
 	}
 	m.recorded = g.Seq
+	m.shown, m.shownView = true, v
 	return nil
 }
 

@@ -75,6 +75,9 @@ type runningMember struct {
 	stop     context.CancelFunc
 	done     chan struct{}
 	assigned atomic.Int64 // the newest grant the engine was handed an assignment of
+	// secretRV is the resourceVersion of the hub Secret the Member's client was made from (only
+	// the resync loop reads and writes it).
+	secretRV string
 }
 
 var _ controller.GlobalSlices = (*Members)(nil)
@@ -170,6 +173,9 @@ func (s *Members) resync(ctx context.Context) error {
 		<-r.done
 	}
 	var errs []error
+	if err := s.rotate(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	for key, dq := range want {
 		s.mu.Lock()
 		_, ok := s.running[key]
@@ -184,14 +190,16 @@ func (s *Members) resync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (s *Members) start(ctx context.Context, key types.NamespacedName, dq *apportionv1.DownstreamQuota) error {
+// hubClient reads the hub Secret name and makes a client from its kubeconfig; rv is the
+// Secret's resourceVersion.
+func (s *Members) hubClient(ctx context.Context, name string) (c client.Client, rv string, err error) {
 	var sec corev1.Secret
-	if err := s.Secrets.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: dq.Spec.Global.Hub}, &sec); err != nil {
-		return fmt.Errorf("the hub Secret %s/%s: %w", s.Namespace, dq.Spec.Global.Hub, err)
+	if err := s.Secrets.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: name}, &sec); err != nil {
+		return nil, "", fmt.Errorf("the hub Secret %s/%s: %w", s.Namespace, name, err)
 	}
 	kc := sec.Data[HubKubeconfigKey]
 	if len(kc) == 0 {
-		return fmt.Errorf("the hub Secret %s/%s has no %q", s.Namespace, dq.Spec.Global.Hub, HubKubeconfigKey)
+		return nil, "", fmt.Errorf("the hub Secret %s/%s has no %q", s.Namespace, name, HubKubeconfigKey)
 	}
 	newHub := s.NewHub
 	if newHub == nil {
@@ -205,9 +213,60 @@ func (s *Members) start(ctx context.Context, key types.NamespacedName, dq *appor
 	}
 	hc, err := newHub(kc)
 	if err != nil {
-		return fmt.Errorf("the hub Secret %s/%s: %w", s.Namespace, dq.Spec.Global.Hub, err)
+		return nil, "", fmt.Errorf("the hub Secret %s/%s: %w", s.Namespace, name, err)
+	}
+	return hc, sec.ResourceVersion, nil
+}
+
+// rotate gives every running Member whose hub Secret changed (its resourceVersion) a client made
+// from the new kubeconfig, without stopping it: its lease, grant and record stay (Member.SetHub).
+// Each Secret is read once per round, however many quotas name it. A Secret that is gone or
+// unusable leaves the Members on the client they have (logged).
+func (s *Members) rotate(ctx context.Context) error {
+	s.mu.Lock()
+	bySecret := map[string][]*runningMember{}
+	for _, r := range s.running {
+		bySecret[r.ref.Hub] = append(bySecret[r.ref.Hub], r)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for name, rs := range bySecret {
+		var sec metav1.PartialObjectMetadata
+		sec.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+		if err := s.Secrets.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: name}, &sec); err != nil {
+			errs = append(errs, fmt.Errorf("the hub Secret %s/%s: %w", s.Namespace, name, err))
+			continue
+		}
+		var stale []*runningMember
+		for _, r := range rs {
+			if r.secretRV != sec.ResourceVersion {
+				stale = append(stale, r)
+			}
+		}
+		if len(stale) == 0 {
+			continue
+		}
+		hc, rv, err := s.hubClient(ctx, name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, r := range stale {
+			r.m.SetHub(hc)
+			r.secretRV = rv
+		}
+		logf.FromContext(ctx).Info("hub kubeconfig rotated", "secret", s.Namespace+"/"+name, "quotas", len(stale))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Members) start(ctx context.Context, key types.NamespacedName, dq *apportionv1.DownstreamQuota) error {
+	hc, rv, err := s.hubClient(ctx, dq.Spec.Global.Hub)
+	if err != nil {
+		return err
 	}
 	r := &runningMember{uid: dq.UID, ref: *dq.Spec.Global, drain: DrainBound(s.Window, dq), done: make(chan struct{})}
+	r.secretRV = rv
 	m := &Member{Hub: hc, Local: s.Local, Clock: s.Clock, Quota: key, Ref: r.ref, Drain: r.drain}
 	m.Inner = func() (int64, bool) {
 		rep := s.Engine.Report(key)
