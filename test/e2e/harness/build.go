@@ -75,10 +75,23 @@ var (
 // monitor to keep its rate; E2E_RACE=1 builds them with -race (then every data race in the
 // manager or an agent shows in its log). E2E_MANAGER_PKG builds another main package as the
 // manager. The directory is removed by RemoveBuild.
+//
+// The build is shared by every test of the process, so it does not run under the deadline of
+// the test that happens to ask first (a test's one-minute context once failed every e2e test of
+// a `make test` when the build took longer on a loaded machine): it keeps ctx's values, not its
+// cancellation, and has a bound of its own, buildTimeout.
 func Build(ctx context.Context) (*Binaries, error) {
-	buildOnce.Do(func() { buildRes, buildErr = build(ctx) })
+	buildOnce.Do(func() {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), buildTimeout)
+		defer cancel()
+		buildRes, buildErr = build(bctx)
+	})
 	return buildRes, buildErr
 }
+
+// buildTimeout bounds the shared build: a cold build of both binaries on a loaded 2-core
+// machine takes a few minutes; far beyond that something hangs.
+const buildTimeout = 15 * time.Minute
 
 // RemoveBuild deletes the binaries' directory.
 func RemoveBuild() {
