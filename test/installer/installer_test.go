@@ -52,7 +52,9 @@ func TestInstallYAMLApplies(t *testing.T) {
 		t.Fatalf("%v: run make build-installer", err)
 	}
 
-	env := &envtest.Environment{}
+	// A long start bound: `make test` runs suites beside each other on two cores (envtest's
+	// default of 20 s failed there under load).
+	env := &envtest.Environment{ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)

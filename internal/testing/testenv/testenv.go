@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -61,6 +62,10 @@ func Start(o Options) (*Env, error) {
 	e := &Env{Scheme: scheme, Environment: &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+		// envtest's default (20 s) is too short when `make test` runs its suites beside each
+		// other on a loaded 2-core machine: kube-apiserver once took longer five times in a row.
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
 	}}
 	if o.Webhooks {
 		e.Environment.WebhookInstallOptions = envtest.WebhookInstallOptions{
