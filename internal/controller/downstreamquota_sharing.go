@@ -215,6 +215,7 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 		dt = 0
 	}
 	var live []int
+	var unheard []string // pods with no demand remembered and no answer yet
 	seen := map[string]bool{}
 	for i, pod := range d.Pods {
 		if pod.Terminating {
@@ -233,8 +234,29 @@ func decideShares(dq *apportionv1.DownstreamQuota, obs []targetObservation, spli
 			mem.demand[pod.Name] = demand.Smooth(prev, sample, dt, p.Tau)
 		} else if known {
 			mem.demand[pod.Name] = sample
-		} else {
+		} else if ok {
 			mem.demand[pod.Name] = 0
+		} else {
+			unheard = append(unheard, pod.Name)
+		}
+	}
+	// A pod not heard from yet (new) is presumed to ask what the average pod asks, not nothing:
+	// at 0 it would get only the floor and wait for the next damped round (about 10 s) to get a
+	// share, refusing calls meanwhile on a healthy downstream (issue 29: a new pod of a healthy
+	// downstream gets its permits at once). Its round is forced anyway (below its floor), so it
+	// gets its target share at once; its first answer then replaces the guess.
+	var sum float64
+	var heard int
+	for _, i := range live {
+		if v, ok := mem.demand[d.Pods[i].Name]; ok { // the unheard are not in mem.demand yet
+			sum += v
+			heard++
+		}
+	}
+	for _, name := range unheard {
+		mem.demand[name] = 0
+		if heard > 0 {
+			mem.demand[name] = sum / float64(heard)
 		}
 	}
 	for name := range mem.demand {

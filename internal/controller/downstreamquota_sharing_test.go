@@ -93,6 +93,8 @@ type shareRig struct {
 	now   time.Time
 	inFl  map[string]int32
 	refus map[string]int64
+	// silent: pods the report does not hold yet (new: no push answered).
+	silent map[string]bool
 }
 
 func newShareRig(limit, factor int32, pods int, lend bool) *shareRig {
@@ -113,6 +115,9 @@ func (r *shareRig) round() (map[string]int32, shareResult) {
 	d := desiredQuota(r.dq, r.obs, split, nil)
 	rep := &push.Report{}
 	for _, p := range d.Pods {
+		if r.silent[p.Name] {
+			continue
+		}
 		rep.Holdings = append(rep.Holdings, push.Holding{Pod: p.Name, InFlight: r.inFl[p.Name], RefusedNoPermit: r.refus[p.Name]})
 	}
 	res := decideShares(r.dq, r.obs, split, rep, &d, r.mem, sharingParams{Tau: 6 * time.Second, Damping: demand.DefaultDamping}, r.now)
@@ -269,6 +274,47 @@ func TestDecideSharesSwitchIsDamped(t *testing.T) {
 	}
 	if res.Moved != int64(moved) || moved == 0 || moved > 10 {
 		t.Fatalf("first round moved %d (reported %d), want 1..10 from Equal: %v", moved, res.Moved, shares)
+	}
+}
+
+// A scale-out of a healthy downstream: 8 pods each busy alike, then 4 new pods. The new pods,
+// not heard from yet, are presumed to ask what the average pod asks, so the round that adds them
+// (forced: they are below their floor) gives them an Equal-like share at once instead of the
+// floor (issue 29: no waiting ~10 s for the next damped round). The bound holds throughout
+// (round panics above the budget).
+func TestDecideSharesNewPodGetsAShareAtOnce(t *testing.T) {
+	r := newShareRig(50, 80, 8, false) // budget 40, Equal 5 each
+	for i := range 8 {
+		r.inFl[fmt.Sprintf("p%02d", i)] = 4
+	}
+	for range 10 {
+		r.round()
+	}
+	r.obs[0].SpecReplicas = 12
+	r.silent = map[string]bool{}
+	for i := 8; i < 12; i++ {
+		n := fmt.Sprintf("p%02d", i)
+		r.obs[0].Pods = append(r.obs[0].Pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		r.silent[n] = true
+	}
+	shares, _ := r.round()
+	for i := 8; i < 12; i++ {
+		if got := shares[fmt.Sprintf("p%02d", i)]; got < 3 {
+			t.Fatalf("new pod p%02d got %d permits in the round that added it, want ≥ 3 of 40/12: %v", i, got, shares)
+		}
+	}
+	// Heard from, as busy as the others: the split stays near Equal (3 or 4 each).
+	r.silent = nil
+	for i := 8; i < 12; i++ {
+		r.inFl[fmt.Sprintf("p%02d", i)] = 3
+	}
+	for range 30 {
+		shares, _ = r.round()
+	}
+	for n, v := range shares {
+		if v < 2 || v > 5 {
+			t.Fatalf("pod %s: %d permits after the new pods answered (%v)", n, v, shares)
+		}
 	}
 }
 
