@@ -10,7 +10,8 @@
 //     directly (in this process);
 //   - with Apportion: a local control plane (envtest's kube-apiserver and etcd), the CRDs, the
 //     real manager and real agent processes on loopback addresses, the sample DownstreamQuota
-//     (global 50, safety factor 80 %) and the gateway Deployment and its HPA; every call goes
+//     (global 50, safety factor 80 %, demand-aware shares lending the scale-out headroom while
+//     no scale-out is pending) and the gateway Deployment and its HPA; every call goes
 //     through its pod's agent, which enforces the permits the manager pushes;
 //   - without Apportion, and each app sends a call answered 429 once more at once (the seed's
 //     old habit, which fed the storm in the incident).
@@ -34,8 +35,10 @@
 // the partner's answers that were 429s and its peak in flight against its limit, goodput, the
 // share answered by a fallback and how fast, the app's p99, and the partner's measured
 // latency), and writes dist/demo/report.html (charts of the runs on the same axes, viewable
-// offline), dist/demo/timeseries.csv, summary.csv and report.json. Every figure comes from the
-// runs.
+// offline), dist/demo/timeseries.csv, summary.csv and report.json, and pods.csv: the run with
+// Apportion pod by pod (each agent's permits, calls in flight and waiting, and refusals, with
+// the slowdown's long calls still held at the partner, at every sample). Every figure comes
+// from the runs.
 //
 // Environment: DEMO_RATE (calls/s; default 400, what the 2-core reference VM sustains next to
 // other work), DEMO_SHORT=1 (phases of 4/8/4 s instead of 8/20/14: a quick look, and how the
@@ -265,7 +268,9 @@ func run(ctx context.Context) (err error) {
 		return nil
 	}
 	var refusals string
-	with, mon, err := runWith(ctx, st, &harness.Env{CP: cp, Bin: bin, IPs: harness.NewIPPool(), Dir: dir}, runFirst, &refusals)
+	// Calls held at least the slow tail's shortest are the slowdown's long calls.
+	trace := &podTrace{longCall: time.Duration(float64(st.lat.SlowMin) * st.scale)}
+	with, mon, err := runWith(ctx, st, &harness.Env{CP: cp, Bin: bin, IPs: harness.NewIPPool(), Dir: dir}, runFirst, &refusals, trace)
 	if err != nil {
 		return err
 	}
@@ -287,6 +292,7 @@ func run(ctx context.Context) (err error) {
 		"timeseries.csv": func(f *os.File) error { return rep.WriteCSV(f) },
 		"summary.csv":    func(f *os.File) error { return rep.WriteSummaryCSV(f) },
 		"table.md":       func(f *os.File) error { return rep.WriteMarkdown(f) },
+		"pods.csv":       func(f *os.File) error { return trace.write(f, phaseAt(st.phases())) },
 	}
 	for name, write := range files {
 		if err := writeFile(filepath.Join(out, name), write); err != nil {
@@ -306,6 +312,7 @@ func run(ctx context.Context) (err error) {
 	fmt.Printf("\nreport:      %s (open it in a browser; no network needed)\n", rel("report.html"))
 	fmt.Printf("time series: %s\nsummary:     %s (Markdown: %s; the renderer's input: %s)\n",
 		rel("timeseries.csv"), rel("summary.csv"), rel("table.md"), rel("report.json"))
+	fmt.Printf("per pod:     %s (with Apportion: permits, in flight, waiting, refusals)\n", rel("pods.csv"))
 	fmt.Printf("done in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
 }
@@ -320,6 +327,18 @@ func writeFile(path string, write func(*os.File) error) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return f.Close()
+}
+
+// phaseAt names the phase at t seconds ("" after the last).
+func phaseAt(phases []report.Phase) func(float64) string {
+	return func(t float64) string {
+		for _, ph := range phases {
+			if t >= ph.Start.Seconds() && t < ph.End.Seconds() {
+				return ph.Name
+			}
+		}
+		return ""
+	}
 }
 
 // runWithout plays the timeline with local semaphores and direct calls; with retry, each app
@@ -367,7 +386,9 @@ func runWithout(ctx context.Context, st settings, retry bool) (report.Recording,
 // started, it calls meanwhile (the other run).
 //
 // refusals is set to a sentence giving the agents' refusals by reason in each phase.
-func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func() error, refusals *string) (report.Recording, harness.MonitorStats, error) {
+//
+// trace records each pod's permits, calls in flight and waiting, and refusals at every sample.
+func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func() error, refusals *string, trace *podTrace) (report.Recording, harness.MonitorStats, error) {
 	var none harness.MonitorStats
 	sample, err := harness.LoadManifest(filepath.Join(env.CP.Root, "config", "samples", "apportion_v1alpha1_downstreamquota.yaml"), env.CP.Scheme)
 	if err != nil {
@@ -421,7 +442,7 @@ func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func(
 		return report.Recording{}, none, err
 	}
 	t1 := time.Now()
-	if err := s.WaitPermits(ctx, s.PerPod(storyPods), 90*time.Second); err != nil {
+	if _, _, err := waitShares(ctx, s, storyPods, 90*time.Second); err != nil {
 		return report.Recording{}, none, err
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200, MaxIdleConns: 4000, DisableCompression: true}}
@@ -429,8 +450,12 @@ func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func(
 	if err := waitUpstream(ctx, s, client, 30*time.Second); err != nil {
 		return report.Recording{}, none, err
 	}
-	fmt.Printf("   every agent enforces %d permits and forwards to the partner (waited %s more)\n",
-		s.PerPod(storyPods), time.Since(t1).Round(100*time.Millisecond))
+	lo, hi, err := waitShares(ctx, s, storyPods, 10*time.Second)
+	if err != nil {
+		return report.Recording{}, none, err
+	}
+	fmt.Printf("   every agent enforces %s permits and forwards to the partner (waited %s more)\n",
+		span(lo, hi), time.Since(t1).Round(100*time.Millisecond))
 
 	tr := newReadiness(s, client)
 	trCtx, stopTr := context.WithCancel(ctx)
@@ -451,6 +476,13 @@ func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func(
 				}
 				smp.PerPodMax = max(smp.PerPodMax, int(a.Effective))
 				first = false
+			}
+			for name, a := range cur.Agents {
+				row := podRow{At: at, Pod: name, Permits: a.Effective, InFlight: a.InFlight}
+				if r, ok := s.Monitor.Last(name); ok {
+					row.Waiting, row.NoPermit = r.DS.Waiting, r.DS.Rejected["no-permit"]
+				}
+				trace.add(row)
 			}
 		}
 		return smp
@@ -473,6 +505,7 @@ func runWith(ctx context.Context, st settings, env *harness.Env, meanwhile func(
 	}
 	rec, err := play(ctx, st, p, tr.pods, smp, scaleUp, phaseEnd)
 	rec.Name = "with Apportion"
+	trace.partner = rec.Partner
 	var parts []string
 	for i, ph := range st.phases() {
 		parts = append(parts, ph.Name+": "+reasons(byPhase[i]))
@@ -511,7 +544,7 @@ func observeRun(ctx context.Context, st settings, s *harness.Scenario, p *partne
 	if err := s.Env.CP.Client.Patch(ctx, dq, client.MergeFrom(orig)); err != nil {
 		return "", fmt.Errorf("switching the quota to Observe: %w", err)
 	}
-	if err := s.WaitPermits(ctx, s.PerPod(storyPods), 90*time.Second); err != nil {
+	if _, _, err := waitShares(ctx, s, storyPods, 90*time.Second); err != nil {
 		return "", err
 	}
 	t0 := time.Now()
@@ -638,6 +671,51 @@ func reasons(m map[string]float64) string {
 		out = append(out, fmt.Sprintf("%s %.0f", e.k, e.v))
 	}
 	return strings.Join(out, ", ")
+}
+
+// waitShares waits until pods agents enforce permits, each at least one and together at least
+// the quota's budget (maxInFlight × factor: Equal's split, remainder included; more when the
+// quota lends its scale-out headroom), and returns the lowest and highest per-pod permits.
+func waitShares(ctx context.Context, s *harness.Scenario, pods int, timeout time.Duration) (lo, hi int32, err error) {
+	budget := int32(int64(s.Cfg.Limit) * int64(s.Cfg.FactorPercent) / 100)
+	deadline := time.Now().Add(timeout)
+	for {
+		sts, serr := s.States(ctx)
+		var sum int32
+		lo, hi = 0, 0
+		ok := serr == nil && len(sts) == pods
+		for _, st := range sts {
+			e := s.Effective(st)
+			if e < 1 {
+				ok = false
+			}
+			sum += e
+			if lo == 0 || e < lo {
+				lo = e
+			}
+			hi = max(hi, e)
+		}
+		if ok && sum >= budget {
+			return lo, hi, nil
+		}
+		if time.Now().After(deadline) {
+			return lo, hi, errors.Join(fmt.Errorf("after %s %d agents enforce Σ %d permits (%s each); want %d agents, each at least 1, Σ at least %d",
+				timeout, len(sts), sum, span(lo, hi), pods, budget), serr)
+		}
+		select {
+		case <-ctx.Done():
+			return lo, hi, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// span shows lo–hi, or one number when they agree.
+func span(lo, hi int32) string {
+	if lo == hi {
+		return strconv.Itoa(int(lo))
+	}
+	return fmt.Sprintf("%d–%d", lo, hi)
 }
 
 // waitUpstream waits until a call through every agent reaches the demo's partner.

@@ -126,7 +126,8 @@ func waitManagers(ctx context.Context, t *testing.T, n *node) {
 // sampleManifest is config/samples' quota, Deployment and HPA with what a machine without a
 // registry or the logistics partner's API needs changed: the app's image (the lane's own,
 // as "app" calling its downstream), the quota's upstream (the judge in the node's network),
-// and the replicas (2, so a loaded 2-core machine runs it; the HPA's minimum to match).
+// the replicas (2, so a loaded 2-core machine runs it; the HPA's minimum to match), and Equal
+// sharing (the lane's checks count Equal's split).
 func sampleManifest(t *testing.T, upstream string, replicas int64, concurrency int) []byte {
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "config/samples/apportion_v1alpha1_downstreamquota.yaml"))
 	if err != nil {
@@ -155,6 +156,11 @@ func sampleManifest(t *testing.T, upstream string, replicas int64, concurrency i
 				t.Fatalf("the sample quota's maxInFlight is %v; the lane's judge assumes %d", m, sampleLimit)
 			}
 			set(upstream, "spec", "upstream")
+			// The lane checks Equal's split to the permit (fullShares: Σ = the budget, each
+			// pod at ⌊budget/pods⌋ or one more); the sample's demand-aware sharing, which
+			// follows the app's traffic and lends the headroom, is test/e2e's
+			// (TestDemandAwareSkew, TestLendHeadroomNewPod).
+			unstructured.RemoveNestedField(u.Object, "spec", "sharing")
 		case "Deployment":
 			set(replicas, "spec", "replicas")
 			cs, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
