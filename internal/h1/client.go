@@ -451,15 +451,16 @@ func (p *Client) do(req *http.Request, t Target, deadline time.Time, inline []by
 	case inline != nil:
 		// As the body writer: a failed write is the exchange's only if no answer can be read
 		// (the upstream may have answered and closed before reading it all).
+		// The last write waits until the answer can be read (awaitAnswer): nothing is left to send.
 		_, _ = uc.bw.Write(inline)
-		if ex.writeErr = uc.bw.Flush(); ex.writeErr != nil {
+		if ex.writeErr = awaitAnswer(uc.conn, uc.bw); ex.writeErr != nil {
 			ex.unsent = true
 		}
 	case req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0:
 		ex.bodyDone = make(chan error, 1)
 		go func() { ex.bodyDone <- uc.writeBody(req.Body, req.ContentLength) }()
 	default:
-		if err := uc.bw.Flush(); err != nil {
+		if err := awaitAnswer(uc.conn, uc.bw); err != nil {
 			uc.close()
 			return nil, err
 		}
