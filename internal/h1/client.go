@@ -106,7 +106,10 @@ func CanSend(r *http.Request, u *url.URL) bool {
 // Client is the HTTP/1.1 client: it holds the idle connections of every upstream host. Its
 // zero value is not usable; use NewClient.
 type Client struct {
-	hosts  sync.Map // poolKey -> *hostPool
+	hosts sync.Map // poolKey -> *hostPool
+	// last is the pool host returned last: an agent's calls mostly go to one upstream, and
+	// comparing its key costs less than hashing it into hosts (an interface in the key).
+	last   atomic.Pointer[hostPool]
 	dialer net.Dialer
 	// idleTimeout closes a connection idle for longer (DefaultIdleTimeout; tests shorten it
 	// with SetIdleTimeout).
@@ -148,12 +151,14 @@ type poolKey struct {
 }
 
 type hostPool struct {
+	key  poolKey
 	addr string // host:port to dial
 	mu   sync.Mutex
 	idle []*upConn // the most recently used last: reuse keeps few connections warm
 	// gone: reap dropped this pool from the map (it had no idle connection); put must not
-	// add to it, or the connection would be kept where neither get nor reap looks.
-	gone bool
+	// add to it, or the connection would be kept where neither get nor reap looks, and host
+	// must not return it (last). Set under mu.
+	gone atomic.Bool
 }
 
 // upConn is one connection to an upstream. Its buffers are held only while it carries an
@@ -193,8 +198,13 @@ func (l *headLimit) Read(p []byte) (int, error) {
 }
 
 func (p *Client) host(k poolKey) *hostPool {
-	if hp, ok := p.hosts.Load(k); ok {
-		return hp.(*hostPool)
+	if hp := p.last.Load(); hp != nil && hp.key == k && !hp.gone.Load() {
+		return hp
+	}
+	if v, ok := p.hosts.Load(k); ok {
+		hp := v.(*hostPool)
+		p.last.Store(hp)
+		return hp
 	}
 	addr := k.host
 	if _, port, err := net.SplitHostPort(k.host); err != nil || port == "" {
@@ -204,8 +214,10 @@ func (p *Client) host(k poolKey) *hostPool {
 		}
 		addr = net.JoinHostPort(strings.Trim(k.host, "[]"), port)
 	}
-	hp, _ := p.hosts.LoadOrStore(k, &hostPool{addr: addr})
-	return hp.(*hostPool)
+	v, _ := p.hosts.LoadOrStore(k, &hostPool{key: k, addr: addr})
+	hp := v.(*hostPool)
+	p.last.Store(hp)
+	return hp
 }
 
 // get returns a connection to k's host with deadline set: an idle one the upstream has not
@@ -275,7 +287,7 @@ func (p *Client) put(k poolKey, uc *upConn) {
 	uc.idleSince = time.Now()
 	hp := p.host(k)
 	hp.mu.Lock()
-	for hp.gone {
+	for hp.gone.Load() {
 		hp.mu.Unlock()
 		hp = p.host(k)
 		hp.mu.Lock()
@@ -323,7 +335,7 @@ func (p *Client) reap() {
 				next = d
 			}
 		} else {
-			hp.gone = true
+			hp.gone.Store(true)
 			p.hosts.CompareAndDelete(k, hp)
 		}
 		hp.mu.Unlock()
@@ -451,15 +463,16 @@ func (p *Client) do(req *http.Request, t Target, deadline time.Time, inline []by
 	case inline != nil:
 		// As the body writer: a failed write is the exchange's only if no answer can be read
 		// (the upstream may have answered and closed before reading it all).
+		// The last write waits until the answer can be read (awaitAnswer): nothing is left to send.
 		_, _ = uc.bw.Write(inline)
-		if ex.writeErr = uc.bw.Flush(); ex.writeErr != nil {
+		if ex.writeErr = awaitAnswer(uc.conn, uc.bw); ex.writeErr != nil {
 			ex.unsent = true
 		}
 	case req.Body != nil && req.Body != http.NoBody && req.ContentLength != 0:
 		ex.bodyDone = make(chan error, 1)
 		go func() { ex.bodyDone <- uc.writeBody(req.Body, req.ContentLength) }()
 	default:
-		if err := uc.bw.Flush(); err != nil {
+		if err := awaitAnswer(uc.conn, uc.bw); err != nil {
 			uc.close()
 			return nil, err
 		}

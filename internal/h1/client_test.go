@@ -281,3 +281,29 @@ func TestClientBoundsHeads(t *testing.T) {
 		})
 	}
 }
+
+// TestHostCache: host returns each key's own pool, the one in the map, whichever was asked
+// last; never a pool reap dropped.
+func TestHostCache(t *testing.T) {
+	c := NewClient()
+	a, b := poolKey{host: "a.test"}, poolKey{host: "b.test"}
+	pa := c.host(a)
+	if c.host(a) != pa {
+		t.Fatal("another pool for the same key")
+	}
+	pb := c.host(b)
+	if pb == pa || c.host(a) != pa || c.host(b) != pb {
+		t.Fatal("one key's pool returned for another")
+	}
+	c.reap() // neither has an idle connection: both dropped
+	if !pa.gone.Load() || !pb.gone.Load() {
+		t.Fatal("pools without idle connections were kept")
+	}
+	pb2 := c.host(b) // the last one asked for, dropped: a new one
+	if pb2 == pb {
+		t.Fatal("host returned a dropped pool")
+	}
+	if v, ok := c.hosts.Load(b); !ok || v.(*hostPool) != pb2 {
+		t.Fatal("the new pool is not the map's")
+	}
+}

@@ -175,6 +175,35 @@ func TestRequestHead(t *testing.T) {
 	checkSubset(t, requestHeads, declinedRequests, func(b []byte) bool { return checkRequestHead(t, b) })
 }
 
+// targets are request targets for parseTarget: those it reads itself (a plain path, a query of
+// visible ASCII) and those it leaves to url.ParseRequestURI, each read as net/http reads it.
+var targets = []string{
+	"/", "/up/x", "/a?", "/a??", "/a?b?", "/a?x=1&y=2", "/a?#frag", "/a?q=caf\xc3\xa9", "/a?%zz",
+	"/$&+,/:;=@-_.~", "//x/y", "///x", "/a%2Fb", "/a%20b", "/caf\xc3\xa9", "/a#b", "/a!b", "/a*b", "/a'b",
+	"/a(b)", "/%zz", "/a[b]", "/a|b", "/a\"b", "/a<b>", "/a\\b", "/a^b", "/a`b", "/a{b}",
+}
+
+// TestRequestTargets: every target is read as net/http reads it (checkRequestHead compares the
+// URL field by field), by parseTarget's own path or url.ParseRequestURI's, and a target net/http
+// refuses is refused.
+func TestRequestTargets(t *testing.T) {
+	plain := 0
+	for _, target := range targets {
+		head := "GET " + target + " HTTP/1.1\r\nHost: a\r\n\r\n"
+		_, err := http.ReadRequest(bufio.NewReader(strings.NewReader(head)))
+		if taken := checkRequestHead(t, []byte(head)); taken != (err == nil) {
+			t.Errorf("%q: taken %v, net/http's error %v", target, taken, err)
+		}
+		path, query, _ := strings.Cut(target, "?")
+		if plainPath(path) && visibleASCII(query) {
+			plain++
+		}
+	}
+	if plain < 8 || plain == len(targets) {
+		t.Errorf("%d of %d targets on parseTarget's own path: both paths must be tried", plain, len(targets))
+	}
+}
+
 var responseHeads = []string{
 	"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: Mon, 30 Nov 2026 01:00:00 GMT\r\n\r\nok",
 	"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK\r\n",
@@ -215,6 +244,9 @@ func TestHeadNotWholeInBuffer(t *testing.T) {
 func FuzzRequestHead(f *testing.F) {
 	for _, h := range append(append([]string{}, requestHeads...), declinedRequests...) {
 		f.Add([]byte(h))
+	}
+	for _, target := range targets {
+		f.Add([]byte("GET " + target + " HTTP/1.1\r\nHost: a\r\n\r\n"))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkRequestHead(t, data) })
 }

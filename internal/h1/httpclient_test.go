@@ -238,7 +238,7 @@ func TestClientIdleLimitAndReap(t *testing.T) {
 	c.reap()      // its pool has no idle connection: dropped
 	finish(res)
 	v, ok := c.hosts.Load(poolKey{host: host})
-	if !ok || len(v.(*hostPool).idle) != 1 || v.(*hostPool).gone {
+	if !ok || len(v.(*hostPool).idle) != 1 || v.(*hostPool).gone.Load() {
 		t.Fatal("the connection that came back after its pool was dropped is not in the map")
 	}
 	call(t, hc, ctx, http.MethodPut, srv.URL+"/", bytes.NewReader([]byte("z")))

@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"bufio"
 	"io"
 	"net"
 	"os"
@@ -35,6 +36,12 @@ type rawIO struct {
 	wbuf []byte
 	wn   int
 	werr syscall.Errno
+
+	// awaitNext: the next Write is a request's last, and its answer is read next (see
+	// writeAwait); set and cleared by the writer's goroutine (awaitAnswer).
+	awaitNext bool
+	afn       func(fd uintptr) bool
+	primed    bool // the request was written in afn: a next call of afn means readable
 }
 
 // fastConn wraps c in a rawIO when it is a TCP connection; otherwise it returns c.
@@ -48,8 +55,24 @@ func fastConn(c net.Conn) net.Conn {
 		return c
 	}
 	f := &rawIO{Conn: c, rc: rc}
-	f.rfn, f.wfn = f.read, f.write // bound once: no closure allocated per call
+	f.rfn, f.wfn, f.afn = f.read, f.write, f.writeThenWait // bound once: no closure allocated per call
 	return f
+}
+
+// awaitAnswer flushes bw, which writes to c, so that its write, when c is a rawIO, is
+// writeAwait's: it returns once the request is written whole and the connection is readable.
+// Only for the last write of a request whose answer the caller reads next on the same
+// goroutine, with nothing written concurrently: a write that waits for an answer before the
+// rest of the request is sent would wait until the deadline.
+func awaitAnswer(c net.Conn, bw *bufio.Writer) error {
+	f, ok := c.(*rawIO)
+	if !ok {
+		return bw.Flush()
+	}
+	f.awaitNext = true
+	err := bw.Flush()
+	f.awaitNext = false // flush had nothing to write
+	return err
 }
 
 func (f *rawIO) Read(p []byte) (int, error) {
@@ -92,6 +115,14 @@ func (f *rawIO) read(fd uintptr) bool {
 func (f *rawIO) Write(p []byte) (int, error) {
 	f.wmu.Lock()
 	defer f.wmu.Unlock()
+	if f.awaitNext && len(p) > 0 {
+		f.awaitNext = false
+		return f.writeAwait(p)
+	}
+	return f.writeLocked(p)
+}
+
+func (f *rawIO) writeLocked(p []byte) (int, error) {
 	written := 0
 	for written < len(p) {
 		f.wbuf = p[written:]
@@ -122,6 +153,60 @@ func (f *rawIO) write(fd uintptr) bool {
 			f.wn, f.werr = 0, e
 		}
 		return true
+	}
+}
+
+// writeAwait writes p, the end of a request, and then waits until the connection is readable:
+// the read of the answer that follows finds it there, rather than failing with EAGAIN first and
+// then waiting (a system call per call saved; the upstream never answers within the write).
+//
+// Why it cannot miss the answer: it writes from inside a RawConn.Read callback, that is after
+// the poller forgot any readiness it had noted for the descriptor (internal/poll's prepareRead)
+// and before it waits for the next. The answer can only arrive after the request was written, so
+// its arrival is a readiness the wait sees, however fast it comes. (Bytes the upstream sent
+// before, unasked, were found by the idle check when the connection was taken: see peeker.)
+// A write that the socket takes only in part (a full send buffer) is finished by the ordinary
+// write path, and the answer is then read the ordinary way; so is every error. When the wait
+// ends by the read deadline or a close, p was written: the read that follows reports it.
+func (f *rawIO) writeAwait(p []byte) (int, error) {
+	f.rmu.Lock()
+	f.wbuf, f.wn, f.werr, f.primed = p, 0, 0, false
+	_ = f.rc.Read(f.afn) // its error (deadline, closed) is the next read's too
+	n, werr := f.wn, f.werr
+	f.wbuf = nil
+	f.rmu.Unlock()
+	if werr != 0 {
+		return n, &net.OpError{Op: "write", Net: "tcp", Source: f.LocalAddr(), Addr: f.RemoteAddr(), Err: os.NewSyscallError("write", werr)}
+	}
+	if n < len(p) {
+		m, err := f.writeLocked(p[n:])
+		return n + m, err
+	}
+	return n, nil
+}
+
+// writeThenWait is writeAwait's callback: first the write (true: done with the descriptor,
+// whole or not; false: written whole, wait until readable), then, when the poller calls it
+// again, true: readable.
+func (f *rawIO) writeThenWait(fd uintptr) bool {
+	if f.primed {
+		return true
+	}
+	f.primed = true
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&f.wbuf[0])), uintptr(len(f.wbuf)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case 0:
+			f.wn = int(n)
+			return f.wn < len(f.wbuf)
+		case syscall.EAGAIN:
+			return true // the send buffer is full: the ordinary write path waits for room
+		default:
+			f.werr = e
+			return true
+		}
 	}
 }
 

@@ -2,7 +2,13 @@
 
 package h1
 
-import "net"
+import (
+	"bufio"
+	"net"
+)
 
 // fastConn is c itself on systems without the raw I/O of rawio_linux.go.
 func fastConn(c net.Conn) net.Conn { return c }
+
+// awaitAnswer is bw's Flush: the ordinary write, then the ordinary read.
+func awaitAnswer(_ net.Conn, bw *bufio.Writer) error { return bw.Flush() }

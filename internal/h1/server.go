@@ -56,6 +56,7 @@ type Server struct {
 	// HTTP/1.1 as ever. nil: the preface is refused with 505, as any version but HTTP/1.x.
 	HTTP2 *http.HTTP2Config
 
+	date      dateCache // the Date field of the second
 	mu        sync.Mutex
 	h2srv     *h2Server // started by the first HTTP/2 connection (under mu)
 	listeners map[net.Listener]struct{}
@@ -934,7 +935,7 @@ func (w *response) WriteHeader(code int) {
 	writeHeaderFields(bw, h)
 	if _, ok := h["Date"]; !ok {
 		_, _ = bw.WriteString("Date: ")
-		_, _ = bw.Write(time.Now().UTC().AppendFormat(bw.AvailableBuffer(), http.TimeFormat))
+		_, _ = bw.WriteString(w.c.s.date.text(time.Now()))
 		_, _ = bw.WriteString("\r\n")
 	}
 	switch {
@@ -948,6 +949,28 @@ func (w *response) WriteHeader(code int) {
 		_, _ = bw.WriteString("Connection: keep-alive\r\n")
 	}
 	_, _ = bw.WriteString("\r\n")
+}
+
+// dateCache keeps the Date field's value (http.TimeFormat, one-second resolution) of the
+// second it was last asked for: formatting the time for every answer cost more than the rest
+// of the status line and header together. Answers written in the same second share one value;
+// the first answer of a new second formats it again.
+type dateCache struct{ v atomic.Pointer[dateText] }
+
+type dateText struct {
+	sec  int64 // Unix seconds
+	text string
+}
+
+// text returns the Date value for now.
+func (d *dateCache) text(now time.Time) string {
+	sec := now.Unix()
+	if v := d.v.Load(); v != nil && v.sec == sec {
+		return v.text
+	}
+	v := &dateText{sec: sec, text: now.UTC().Format(http.TimeFormat)}
+	d.v.Store(v)
+	return v.text
 }
 
 // writeInt writes n in base through bw's free buffer: a local array would escape to the heap

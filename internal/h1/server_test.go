@@ -37,3 +37,25 @@ func TestServerTimeouts(t *testing.T) {
 		}
 	}
 }
+
+// TestDateCache: the Date value is the time's, in http.TimeFormat, for every second asked, and
+// answers within one second share it without formatting (or allocating) again.
+func TestDateCache(t *testing.T) {
+	var d dateCache
+	t0 := time.Date(2026, 12, 2, 9, 0, 0, 100, time.FixedZone("CET", 3600))
+	for _, at := range []time.Duration{0, 999 * time.Millisecond, time.Second, 1500 * time.Millisecond, time.Hour, 0} {
+		now := t0.Add(at)
+		if got, want := d.text(now), now.UTC().Format(http.TimeFormat); got != want {
+			t.Errorf("at +%v: Date %q, want %q", at, got, want)
+		}
+	}
+	now := t0.Add(2 * time.Hour)
+	first := d.text(now)
+	if n := testing.AllocsPerRun(100, func() {
+		if d.text(now.Add(500*time.Millisecond)) != first {
+			t.Fatal("another value within the same second")
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per answer within one second, want 0", n)
+	}
+}

@@ -544,7 +544,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.appDeadlines(w, r)
 	defer func() {
 		c.clearDeadlines()
-		c.release(ad.releaseLane)
+		c.release(ad.lanes, ad.lane)
 		ad.endShadow(h.clock)
 		c.finish(tk)
 	}()
@@ -596,28 +596,35 @@ func passDeadline(r *http.Request, left time.Duration) {
 // about the downstream's work, not about our wait. Until then the call stays in the in-flight
 // count the agent reports, and the manager's ledger counts it. Both clients have closed the
 // upstream connection of a timed-out call by the time this runs.
-func (c *call) release(releaseLane func()) {
-	// The downstream's permit first, then the lane's: the lanes never grant beyond what the
-	// downstream semaphore admits (enforce.LaneSet).
-	free := func() {
-		c.ds.Sem.Release()
-		releaseLane()
-	}
+//
+// lanes and lane are the call's lane permit (admission.lanes, .lane; lanes nil: none). Passed as
+// they are rather than as a function: a function value made per call, and the closure over it,
+// were two of a call's allocations.
+func (c *call) release(lanes *enforce.LaneSet, lane int) {
 	hold := c.cfg.AbandonedHold
 	// A call that never reached the downstream (no connection, no TLS handshake: nothing was
 	// sent) is not abandoned there, whatever timed out.
 	abandoned := (isTimeout(c.err) && !neverSent(c.err)) || isTimeout(c.bodyErr)
 	if hold <= 0 || !abandoned || c.appFault {
-		free()
+		c.free(lanes, lane)
 		return
 	}
 	c.ds.CountAbandoned()
 	left := holdLeft(hold, time.Since(c.deadline))
 	if left <= 0 {
-		free()
+		c.free(lanes, lane)
 		return
 	}
-	c.h.clock.AfterFunc(left, free)
+	c.h.clock.AfterFunc(left, func() { c.free(lanes, lane) }) // the only closure: abandoned calls
+}
+
+// free returns the downstream's permit first, then the lane's: the lanes never grant beyond
+// what the downstream semaphore admits (enforce.LaneSet).
+func (c *call) free(lanes *enforce.LaneSet, lane int) {
+	c.ds.Sem.Release()
+	if lanes != nil {
+		lanes.Sem.Release(lane)
+	}
 }
 
 // holdLeft is how much of an abandoned call's hold is left when its permit is released late
