@@ -281,6 +281,9 @@ func runGRPC(o options, self, dir string) error {
 			targets = append(targets, agentTarget("agent-gmp"+n, o.agent, upstream{addr: upAddr}, false, dir, n))
 		}
 	}
+	if o.agentBefore != "" {
+		targets = append(targets, agentTarget("agent-before", o.agentBefore, upstream{addr: upAddr}, false, dir, ""))
+	}
 	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir),
 		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr))
 	targets = onlyTargets(targets, o.only)
@@ -333,7 +336,7 @@ func runGRPC(o options, self, dir string) error {
 			verdict = "NOT met"
 		}
 		fmt.Printf("target: the agent adds at most %.0f µs at p50 to a gRPC unary call: %s (median %.0f µs)\n", grpcTargetP50, verdict, s[len(s)/2])
-		for _, other := range []string{"haproxy", "nginx", "floor-h2"} {
+		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2"} {
 			if b, ok := added[other]; ok {
 				fmt.Printf("agent / %s (gRPC): CPU %s×, added p50 %s×\n", other, ratios(cpu["agent"], cpu[other]), ratios(a, b))
 			}
