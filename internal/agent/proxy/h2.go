@@ -448,9 +448,21 @@ func h2Request(ctx context.Context, r *http.Request, c *call) *http.Request {
 		out.URL.Path = joined
 	}
 	if c.ab.rc != nil && r.ContentLength != 0 {
-		out.Body, out.ContentLength = r.Body, r.ContentLength // c.ab (appDeadlines)
+		out.Body, out.ContentLength = (*h2Body)(c), r.ContentLength
 	}
 	return out.WithContext(ctx)
+}
+
+// h2Body is the app's request body as the HTTP/2 transport reads it: c.ab (appDeadlines), whose
+// Close, the transport's when the stream ended or was aborted (at the call's deadline: the
+// context's), is the agent's doing: a read it cuts is not counted as the app's malformed body.
+type h2Body call
+
+func (b *h2Body) Read(p []byte) (int, error) { return b.ab.Read(p) }
+
+func (b *h2Body) Close() error {
+	b.ab.cut.Store(true)
+	return b.ab.Close()
 }
 
 // deadlinesAtExpiry sets the app's stream deadlines (appDeadlines) if the call is still
