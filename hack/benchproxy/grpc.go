@@ -7,11 +7,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -51,6 +56,96 @@ func serveGRPCUpstream(addr string) error {
 	if err != nil {
 		return err
 	}
+	return srv.Serve(ln)
+}
+
+// The floors of the arrangement: what any proxy adds, run like the agent (this binary's own
+// subcommands, GOMAXPROCS=1, on the proxies' CPU). floor-tcp relays the bytes of each
+// connection both ways (io.Copy, nothing parsed: no HTTP/2 at all): the two extra hops across
+// cores and the relay's wake-ups. floor-h2 is a do-nothing HTTP/2 proxy in library code only:
+// net/http's h2c server, the request sent on with net/http's HTTP/2 transport (h2c), the answer's
+// header, body (flushed as it arrives) and trailers passed back; no admission, no copies of
+// header maps. The agent's HTTP/2 path is that plus its policy; the distance between the two
+// floors is the HTTP/2 library's share.
+func floorTarget(name, self, upAddr string) target {
+	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
+		addr := freeAddr()
+		cmd := exec.Command("taskset", "-c", cpu, self, name, addr, upAddr)
+		cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+		return addr, cmd, nil
+	}}
+}
+
+// serveTCPRelay relays every connection to addr to upAddr, bytes both ways.
+func serveTCPRelay(addr, upAddr string) error {
+	ln, err := listen(addr)
+	if err != nil {
+		return err
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer func() { _ = c.Close() }()
+			u, err := net.Dial("tcp", upAddr)
+			if err != nil {
+				return
+			}
+			defer func() { _ = u.Close() }()
+			go func() { _, _ = io.Copy(u, c) }()
+			_, _ = io.Copy(c, u)
+		}()
+	}
+}
+
+// serveH2Null serves h2c on addr and forwards every request to upAddr over h2c, as little as an
+// HTTP/2 proxy can do with the library (see floorTarget).
+func serveH2Null(addr, upAddr string) error {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DisableCompression: true}
+	ln, err := listen(addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.URL.Scheme, r.URL.Host, r.Host, r.RequestURI = "http", upAddr, "", ""
+		if r.ContentLength == 0 {
+			r.Body = nil
+		}
+		res, err := tr.RoundTrip(r)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer func() { _ = res.Body.Close() }()
+		h := w.Header()
+		for k, v := range res.Header {
+			h[k] = v
+		}
+		w.WriteHeader(res.StatusCode)
+		rc := http.NewResponseController(w)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := res.Body.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil || rc.Flush() != nil {
+					return
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				panic(http.ErrAbortHandler)
+			}
+		}
+		for k, v := range res.Trailer {
+			h[http.TrailerPrefix+k] = v
+		}
+	})}
 	return srv.Serve(ln)
 }
 
@@ -180,10 +275,17 @@ func runGRPC(o options, self, dir string) error {
 	}
 	defer func() { _ = up.Process.Kill(); _ = up.Wait() }()
 	targets := []target{{name: "direct"}, agentTarget("agent", o.agent, upstream{addr: upAddr}, false, dir, "")}
+	for n := range strings.SplitSeq(o.grpcProcs, ",") {
+		if n != "" {
+			// The agent with GOMAXPROCS=n, allowed every CPU, as -agent-procs (-grpc-procs).
+			targets = append(targets, agentTarget("agent-gmp"+n, o.agent, upstream{addr: upAddr}, false, dir, n))
+		}
+	}
 	if o.agentBefore != "" {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, upstream{addr: upAddr}, false, dir, ""))
 	}
-	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir))
+	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir),
+		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr))
 	targets = onlyTargets(targets, o.only)
 	fmt.Printf("\ngRPC unary (grpc-go client and upstream): %d rounds; open loop %d calls/s for %v on one connection\n", o.rounds, o.grpcRate, o.open)
 	res := map[string][]result{}
@@ -234,7 +336,7 @@ func runGRPC(o options, self, dir string) error {
 			verdict = "NOT met"
 		}
 		fmt.Printf("target: the agent adds at most %.0f µs at p50 to a gRPC unary call: %s (median %.0f µs)\n", grpcTargetP50, verdict, s[len(s)/2])
-		for _, other := range []string{"haproxy", "nginx"} {
+		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2"} {
 			if b, ok := added[other]; ok {
 				fmt.Printf("agent / %s (gRPC): CPU %s×, added p50 %s×\n", other, ratios(cpu["agent"], cpu[other]), ratios(a, b))
 			}

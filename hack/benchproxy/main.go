@@ -17,7 +17,10 @@
 // Then gRPC (grpc.go): unary calls of grpc-go's client at -grpc-rate calls/s on one
 // connection, to a grpc-go upstream directly, through the agent (h2c both ways), HAProxy
 // (proto h2) and nginx (grpc_pass): added p50 and p99, CPU per 1,000 calls/s, and the agent's
-// target of at most 150 µs added at p50.
+// target of at most 150 µs added at p50. Beside them two floors of the arrangement, run like
+// the agent: floor-tcp (a byte relay, no HTTP/2) and floor-h2 (a do-nothing HTTP/2 proxy in
+// library code): what any proxy, and any HTTP/2 proxy in Go, adds here. -grpc-procs 2 adds the
+// agent with GOMAXPROCS=2, allowed every CPU (as -agent-procs).
 //
 // https origination (-tls, on by default): the same upstream process also serves TLS (a CA and
 // an ECDSA P-256 certificate for bench.test made here with crypto/x509), and each proxy is
@@ -35,7 +38,7 @@
 //
 //	benchproxy -agent bin/agent [-agent-before /tmp/agent-old] [-rounds 3] [-rate 2000]
 //	           [-open 4s] [-closed 4s] [-conns 64] [-proxy-cpu 1] [-load-cpu 0] [-only agent,haproxy]
-//	           [-protocols http,grpc] [-grpc-rate 1000] [-tls=false] [-agent-procs 2,all]
+//	           [-protocols http,grpc] [-grpc-rate 1000] [-grpc-procs 2] [-tls=false] [-agent-procs 2,all]
 //
 // It prints figures; it never fails on them.
 package main
@@ -70,6 +73,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, serveUpstream(os.Args[2:])) // it returns only when it fails
 		os.Exit(1)
 	}
+	if len(os.Args) > 3 && (os.Args[1] == "floor-tcp" || os.Args[1] == "floor-h2") {
+		serve := serveTCPRelay
+		if os.Args[1] == "floor-h2" {
+			serve = serveH2Null
+		}
+		fmt.Fprintln(os.Stderr, serve(os.Args[2], os.Args[3])) // it returns only when it fails
+		os.Exit(1)
+	}
 	if len(os.Args) > 1 && os.Args[1] == "grpc-upstream" {
 		runtime.GOMAXPROCS(1)
 		fmt.Fprintln(os.Stderr, serveGRPCUpstream(os.Args[2])) // it returns only when it fails
@@ -92,6 +103,7 @@ type options struct {
 	grpcRate           int
 	tls                bool
 	agentProcs         string
+	grpcProcs          string
 }
 
 // upstream is where the proxies forward: plain, and with TLS (tlsAddr "" without -tls).
@@ -118,6 +130,7 @@ func run() error {
 	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
 	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
 	flag.BoolVar(&o.tls, "tls", true, "also measure https origination (agent-tls, haproxy-tls, nginx-tls)")
+	flag.StringVar(&o.grpcProcs, "grpc-procs", "", "also measure the agent with these GOMAXPROCS in the gRPC part, allowed every CPU (comma-separated numbers)")
 	flag.StringVar(&o.agentProcs, "agent-procs", "", "also measure the agent with these GOMAXPROCS on every CPU, plain HTTP (comma-separated numbers or all)")
 	flag.Parse()
 	protocols := strings.Split(o.protocols, ",")

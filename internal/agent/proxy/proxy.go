@@ -98,8 +98,8 @@
 //
 // HTTP/2 (h2.go): the server hands h2c connections to net/http's HTTP/2 server, which serves
 // Handler one stream at a time; each stream is a call as above, with its own permit held until
-// it ended, forwarded over HTTP/2 (the caller's protocol) by a second ReverseProxy over one
-// HTTP/2 transport per downstream. A gRPC caller's refusals are gRPC statuses, not problem+json.
+// it ended, forwarded over HTTP/2 (the caller's protocol) by forwardH2 over one HTTP/2
+// transport per downstream. A gRPC caller's refusals are gRPC statuses, not problem+json.
 package proxy
 
 import (
@@ -156,9 +156,8 @@ type Handler struct {
 	clock clock.WithDelayedExecution // the Enforcer's: admission, the calls' durations, the stale cache's ages
 	rp    *httputil.ReverseProxy
 	up    *h1.Client // the lean client; nil when Options.Transport sends every call
-	// rp2 forwards the calls that came over HTTP/2 over the downstreams' HTTP/2 transports
-	// (h2up; h2.go); nil when Options.Transport sends every call.
-	rp2         *httputil.ReverseProxy
+	// h2up are the downstreams' HTTP/2 transports, over which forwardH2 sends the calls that
+	// came over HTTP/2 (h2.go); nil when Options.Transport sends every call.
 	h2up        *h2Upstreams
 	upstreamTLS func(cfg *enforce.Config) (*tls.Config, error)
 	stale       *fallback.Cache // nil: nothing is cached
@@ -218,7 +217,7 @@ func New(o Options) *Handler {
 		BufferPool:     bufferPool,
 	}
 	if up != nil {
-		h.rp2 = h.newH2Proxy()
+		h.h2up = &h2Upstreams{h: h}
 	}
 	return h
 }
@@ -283,6 +282,12 @@ type call struct {
 	// response, kept for a gRPC caller only (its status is in the trailers, see h2.go).
 	h2, grpc bool
 	res      *http.Response
+	// lazyDeadlines: the app's stream deadlines are set only if the call is still forwarding at
+	// its deadline (forwardH2, deadlinesAtExpiry), not by appDeadlines; ended (under
+	// expiryMu): the call's forwarding returned, the deadlines are not to be set.
+	lazyDeadlines bool
+	expiryMu      sync.Mutex
+	ended         bool
 }
 
 // deadliner is the part of http.ResponseController's interface to a ResponseWriter that sets
@@ -309,6 +314,9 @@ func (c *call) appDeadlines(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.dl = dl
+	if c.lazyDeadlines {
+		return
+	}
 	if c.ab.rc != nil {
 		_ = dl.SetReadDeadline(c.deadline)
 	}
@@ -333,7 +341,7 @@ var past = time.Unix(1, 0)
 const answerWriteGrace = time.Second
 
 func (c *call) clearDeadlines() {
-	if c.dl == nil {
+	if c.dl == nil || c.lazyDeadlines {
 		return
 	}
 	if c.ab.rc != nil {
@@ -531,6 +539,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ProtoMajor == 2 {
 		_, c.grpc = w.(*grpcCaller)
 		c.h2 = true
+		c.lazyDeadlines = h.h2up != nil // forwardH2 sets them only if the call outlives them
 	}
 	if budget.Set() {
 		passDeadline(r, dl.Sub(now))
@@ -566,7 +575,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if c.h2 && h.rp2 != nil {
+	if c.h2 && h.h2up != nil {
 		h.forwardH2(w, r, c) // HTTP/2 in, HTTP/2 out (h2.go)
 		return
 	}
