@@ -46,7 +46,10 @@ type ControlPlane struct {
 	Webhook *envtest.WebhookInstallOptions
 }
 
-// StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir.
+// StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir. The
+// API server's certificates are kept in dir/apiserver (not in a directory envtest removes when
+// the API server stops), so that StopAPIServer and StartAPIServer can restart it on the same
+// port with the same certificates while etcd keeps running.
 func StartControlPlane(dir string) (*ControlPlane, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
@@ -63,6 +66,10 @@ func StartControlPlane(dir string) (*ControlPlane, error) {
 	if err := apportionv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	certDir := filepath.Join(dir, "apiserver")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, err
+	}
 	env := &envtest.Environment{
 		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing:    true,
@@ -75,6 +82,7 @@ func StartControlPlane(dir string) (*ControlPlane, error) {
 			LocalServingHost:         "127.0.0.1",
 		},
 	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
@@ -118,6 +126,21 @@ func (cp *ControlPlane) Stop() error {
 		return nil
 	}
 	return cp.Env.Stop()
+}
+
+// StopAPIServer stops the control plane's kube-apiserver (SIGTERM, as envtest stops it) and
+// leaves etcd running: clients are refused until StartAPIServer. Its certificates, its port and
+// the users added to it (the kubeconfig's) stay, so that every client works again after the
+// restart.
+func (cp *ControlPlane) StopAPIServer() error {
+	return cp.Env.ControlPlane.GetAPIServer().Stop()
+}
+
+// StartAPIServer starts the kube-apiserver StopAPIServer stopped, on the same port, certificates
+// and etcd, and waits until it is healthy (everything stored in etcd — CRDs, objects — is
+// there again).
+func (cp *ControlPlane) StartAPIServer() error {
+	return cp.Env.ControlPlane.GetAPIServer().Start()
 }
 
 // Kubectl runs the assets' kubectl with the kubeconfig and returns its combined output.
