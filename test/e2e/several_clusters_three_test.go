@@ -326,6 +326,9 @@ func TestThreeClusters(t *testing.T) {
 		}
 		return strings.Join(parts, "; ")
 	}
+	// waitFor polls ok every 50 ms; it returns how long it took, and sets seenAt to when ok was
+	// first true (before the log line, whose reads of the hub take time).
+	var seenAt time.Time
 	waitFor := func(what string, timeout time.Duration, ok func() bool) time.Duration {
 		t.Helper()
 		begin := time.Now()
@@ -335,7 +338,8 @@ func TestThreeClusters(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		took := time.Since(begin)
+		seenAt = time.Now()
+		took := seenAt.Sub(begin)
 		logf("%s after %.2fs (%s)", what, took.Seconds(), state())
 		return took
 	}
@@ -458,9 +462,11 @@ func TestThreeClusters(t *testing.T) {
 		t.Fatal(err)
 	}
 	moved := waitFor("a's slice raised", 90*time.Second, func() bool { return slice("a") > before })
-	usable := waitFor("a's agents hold the raised slice", 30*time.Second, func() bool {
+	grantedAt := seenAt
+	waitFor("a's agents hold the raised slice", 30*time.Second, func() bool {
 		return held("a") >= budget(slice("a"))-1 && held("a") > budget(before)
 	})
+	usable := seenAt.Sub(grantedAt)
 	note(p, "a's slice %d → %d granted %.2fs after the scale, usable %.2fs later", before, slice("a"), moved.Seconds(), usable.Seconds())
 	time.Sleep(3 * time.Second)
 
@@ -509,13 +515,14 @@ func TestThreeClusters(t *testing.T) {
 		t.Fatalf("the hub's new manager: %v", err)
 	}
 	ready := time.Since(restarted)
-	granting := waitFor("the hub grants again", time.Minute, func() bool {
+	waitFor("the hub grants again", time.Minute, func() bool {
 		var s int64
 		for _, c := range clusters {
 			s += sliceOf(c).Spec.Seq
 		}
 		return s > lastSeq
-	}) + ready
+	})
+	granting := seenAt.Sub(restarted)
 	for _, c := range []string{"a", "b"} {
 		lo, hi := heldRange(c, killed, restarted)
 		as := assigned[c]
@@ -548,7 +555,8 @@ func TestThreeClusters(t *testing.T) {
 		t.Fatalf("b's new manager: %v", err)
 	}
 	ready = time.Since(restarted)
-	resumed := waitFor("b's agents hold b's slice again", time.Minute, func() bool { return held("b") >= budget(slice("b"))-1 }) + ready
+	waitFor("b's agents hold b's slice again", time.Minute, func() bool { return held("b") >= budget(slice("b"))-1 })
+	resumed := seenAt.Sub(restarted)
 	if _, hi := heldRange("b", killed, time.Now()); hi > budget(lastB) {
 		t.Errorf("b held %d around its manager's restart, above its last grant's budget %d", hi, budget(lastB))
 	}
@@ -562,7 +570,8 @@ func TestThreeClusters(t *testing.T) {
 		last[c] = slice(c)
 	}
 	stopped := time.Now()
-	if err := hubCP.StopAPIServer(); err != nil {
+	hardStop, err := hubCP.StopAPIServer(5 * time.Second)
+	if err != nil {
 		t.Fatalf("stopping the hub's API server: %v", err)
 	}
 	stopTook := time.Since(stopped)
@@ -602,8 +611,12 @@ func TestThreeClusters(t *testing.T) {
 			t.Errorf("%s held %d while the hub's API server was down, above its last grant's budget %d", c, hi, budget(last[c]))
 		}
 	}
-	note(p, "stopped in %.2fs; at the reserved slice a %.2fs, b %.2fs, c %.2fs after the stop (lease %v); the API server up again in %.2fs, then above the reserved slice a %.2fs, b %.2fs, c %.2fs later",
-		stopTook.Seconds(), fallen["a"].Seconds(), fallen["b"].Seconds(), fallen["c"].Seconds(), lease, startTook.Seconds(),
+	how := "SIGTERM"
+	if hardStop {
+		how = "SIGTERM, SIGKILL after 5 s"
+	}
+	note(p, "stopped (%s) in %.2fs; at the reserved slice a %.2fs, b %.2fs, c %.2fs after the stop (lease %v); the API server up again in %.2fs, then above the reserved slice a %.2fs, b %.2fs, c %.2fs later",
+		how, stopTook.Seconds(), fallen["a"].Seconds(), fallen["b"].Seconds(), fallen["c"].Seconds(), lease, startTook.Seconds(),
 		returned["a"].Seconds(), returned["b"].Seconds(), returned["c"].Seconds())
 	time.Sleep(2 * time.Second)
 }
@@ -650,7 +663,8 @@ func TestControlPlaneRestartsAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	begin := time.Now()
-	if err := cp.StopAPIServer(); err != nil {
+	killed, err := cp.StopAPIServer(30 * time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Since(begin)
@@ -670,5 +684,5 @@ func TestControlPlaneRestartsAPIServer(t *testing.T) {
 	if err := cp.Client.Get(ctx, types.NamespacedName{Name: "kept"}, &ns); err != nil {
 		t.Fatalf("the client after the restart: %v", err)
 	}
-	t.Logf("API server stopped in %v, started again in %v", stopped.Round(time.Millisecond), started.Round(time.Millisecond))
+	t.Logf("API server stopped in %v (killed after the grace: %v), started again in %v", stopped.Round(time.Millisecond), killed, started.Round(time.Millisecond))
 }
