@@ -140,7 +140,7 @@ func (cp *ControlPlane) Stop() error {
 // here — and reports whether it had to kill it.
 func (cp *ControlPlane) StopAPIServer(grace time.Duration) (killed bool, err error) {
 	api := cp.Env.ControlPlane.GetAPIServer()
-	pid, err := childWithArg(filepath.Base(api.Path), "--secure-port="+api.SecureServing.Port)
+	pid, err := childWithArg(filepath.Base(api.Path), "--secure-port="+api.Port)
 	if err != nil {
 		return false, err
 	}
