@@ -27,8 +27,8 @@ import (
 // --hub), a second control plane is member "b"; each runs its own manager, workload, agents and
 // load, and both call one test downstream whose limit is the global one. Member b reaches the hub
 // through a TCP proxy the test can cut. Each cluster's monitor samples its agents at 25 Hz; the
-// test sums the two (each sample of a with b's largest sum within two of b's periods around it)
-// and requires Σ ≤ global at every sample, and the judge's peak ≤ global with no 429. Then: a
+// test sums the two (harness.SumAcross: at every sample instant of either, each cluster's
+// bracketing samples and its largest within harness.AcrossWindow after it) and requires Σ ≤ global at every sample, and the judge's peak ≤ global with no 429. Then: a
 // scales out while b scales in (the slice moves; the time until a's agents hold it is printed),
 // and b is cut off from the hub for longer than its lease (it must fall to its reserved slice).
 func TestSeveralClusters(t *testing.T) {
@@ -142,15 +142,15 @@ func TestSeveralClusters(t *testing.T) {
 	defer func() {
 		la, lb := sa.Load.Stop(), sb.Load.Stop()
 		sta, stb := sa.Monitor.Stop(), sb.Monitor.Stop()
-		worst, over, n := sumSamples(sa.Monitor.Samples(), sb.Monitor.Samples(), 2*time.Second/25, global)
+		sum := harness.SumAcross(map[string][]harness.Sample{"a": sa.Monitor.Samples(), "b": sb.Monitor.Samples()}, harness.AcrossWindow(25), global)
 		dsStats := ds.Stats()
-		t.Logf("several clusters in %s: Σ over both clusters' agents ≤ %d at %d samples, worst %d, %d over; judge %+v\na: %s\nb: %s\nload a: %s\nload b: %s",
-			time.Since(start).Round(time.Millisecond), global, n, worst, over, dsStats, sta, stb, la, lb)
-		if n < 100 {
-			t.Errorf("only %d summed samples", n)
+		t.Logf("several clusters in %s: Σ over both clusters' agents ≤ %d: %s; judge %+v\na: %s\nb: %s\nload a: %s\nload b: %s",
+			time.Since(start).Round(time.Millisecond), global, sum, dsStats, sta, stb, la, lb)
+		if sum.N < 100 {
+			t.Errorf("only %d summed instants", sum.N)
 		}
-		if over > 0 {
-			t.Errorf("Σ permits over both clusters exceeded the global limit %d in %d samples (worst %d)", global, over, worst)
+		if sum.Over > 0 {
+			t.Errorf("Σ permits over both clusters exceeded the global limit %d at %d instants (worst %d: %s)", global, sum.Over, sum.Worst, sum.FirstOver)
 		}
 		if sta.PermitViolations+stb.PermitViolations > 0 || sta.InFlightViolations+stb.InFlightViolations > 0 {
 			t.Errorf("a cluster's own monitor saw violations: a %s; b %s", sta, stb)
@@ -216,33 +216,6 @@ func TestSeveralClusters(t *testing.T) {
 		return held(sb) > reserved*apportionv1.DefaultSafetyFactorPercent/100
 	})
 	time.Sleep(2 * time.Second)
-}
-
-// sumSamples adds to each of a's samples the largest Σ permits b's samples show within window of
-// it (b is read at other instants: the largest around is the conservative partner), and counts
-// the sums over limit.
-func sumSamples(a, b []harness.Sample, window time.Duration, limit int32) (worst int32, over, n int) {
-	j := 0
-	for _, sa := range a {
-		for j < len(b) && b[j].At.Before(sa.At.Add(-window)) {
-			j++
-		}
-		var mb int32
-		found := false
-		for k := j; k < len(b) && !b[k].At.After(sa.At.Add(window)); k++ {
-			mb, found = max(mb, b[k].SumPermits), true
-		}
-		if !found {
-			continue
-		}
-		n++
-		sum := sa.SumPermits + mb
-		worst = max(worst, sum)
-		if sum > limit {
-			over++
-		}
-	}
-	return worst, over, n
 }
 
 // kubeconfigVia is the kubeconfig at path with every cluster's server set to server.

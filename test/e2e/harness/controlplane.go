@@ -8,6 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,7 +50,10 @@ type ControlPlane struct {
 	Webhook *envtest.WebhookInstallOptions
 }
 
-// StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir.
+// StartControlPlane starts envtest with config/crd/bases and writes a kubeconfig into dir. The
+// API server's certificates are kept in dir/apiserver (not in a directory envtest removes when
+// the API server stops), so that StopAPIServer and StartAPIServer can restart it on the same
+// port with the same certificates while etcd keeps running.
 func StartControlPlane(dir string) (*ControlPlane, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
@@ -63,6 +70,10 @@ func StartControlPlane(dir string) (*ControlPlane, error) {
 	if err := apportionv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	certDir := filepath.Join(dir, "apiserver")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, err
+	}
 	env := &envtest.Environment{
 		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing:    true,
@@ -75,6 +86,7 @@ func StartControlPlane(dir string) (*ControlPlane, error) {
 			LocalServingHost:         "127.0.0.1",
 		},
 	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest: %w", err)
@@ -118,6 +130,104 @@ func (cp *ControlPlane) Stop() error {
 		return nil
 	}
 	return cp.Env.Stop()
+}
+
+// StopAPIServer stops the control plane's kube-apiserver and leaves etcd running: clients are
+// refused until StartAPIServer. Its certificates, its port and the users added to it (the
+// kubeconfig's) stay, so that every client works again after the restart. It sends SIGTERM and,
+// when the process has not exited after grace, SIGKILL — an API server with clients connected
+// (watches, members polling it) was seen to take longer than a minute over its graceful shutdown
+// here — and reports whether it had to kill it.
+func (cp *ControlPlane) StopAPIServer(grace time.Duration) (killed bool, err error) {
+	api := cp.Env.ControlPlane.GetAPIServer()
+	pid, err := childWithArg(filepath.Base(api.Path), "--secure-port="+api.Port)
+	if err != nil {
+		return false, err
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		return false, err
+	}
+	if err := proc.Signal(syscall.SIGTERM); err != nil {
+		return false, err
+	}
+	for deadline := time.Now().Add(grace); running(pid) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if running(pid) {
+		killed = true
+		if err := proc.Signal(syscall.SIGKILL); err != nil {
+			return killed, err
+		}
+	}
+	// envtest reaps it; its Stop then only forgets it (it signals a process it has not seen
+	// exit yet, which may be gone a moment later: try again).
+	for range 100 {
+		if err = api.Stop(); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return killed, err
+}
+
+// childWithArg is the pid of this process's child running the binary named name with arg among
+// its arguments.
+func childWithArg(name, arg string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != name || !slices.Contains(args[1:], arg) {
+			continue
+		}
+		if ppid, err := parentOf(pid); err == nil && ppid == os.Getpid() {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no child process %s with %s", name, arg)
+}
+
+// parentOf is pid's parent pid (/proc/pid/stat's fourth field, after the parenthesised name).
+func parentOf(pid int) (int, error) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if i < 0 || len(f) < 2 {
+		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// running reports whether pid exists and has not exited (a zombie waiting to be reaped has).
+func running(pid int) bool {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	return i >= 0 && len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// StartAPIServer starts the kube-apiserver StopAPIServer stopped, on the same port, certificates
+// and etcd, and waits until it is healthy (everything stored in etcd — CRDs, objects — is
+// there again).
+func (cp *ControlPlane) StartAPIServer() error {
+	return cp.Env.ControlPlane.GetAPIServer().Start()
 }
 
 // Kubectl runs the assets' kubectl with the kubeconfig and returns its combined output.
