@@ -241,6 +241,14 @@ bench-scale: ## One manager, many pods and quotas (simulated agents): convergenc
 	KUBEBUILDER_ASSETS="$$(hack/envtest-assets.sh)" go test -c -o $(LOCALBIN)/scale.test ./test/scale/
 	cd test/scale && KUBEBUILDER_ASSETS="$$(../../hack/envtest-assets.sh)" nice -n $(BENCH_SCALE_NICE) $(LOCALBIN)/scale.test -test.run='^$$' -test.bench=Scale -test.benchtime=1x -test.timeout=120m -test.v
 
+# bench-hub (issue 33): one hub API server and the manager with --hub, N member clusters × G
+# GlobalQuotas of simulated members (the real hubsync.Member each); HUB_CONFIGS=3x1,10x10 (larger by hand),
+# HUB_IDLE, HUB_LEASE (test/hubscale). Niced as bench-scale.
+.PHONY: bench-hub
+bench-hub: ## The hub's cost: first grants, demand shifts, API requests by verb, writes per member per minute idle (goal 0); HUB_CONFIGS=3x1,10x10.
+	go test -c -o $(LOCALBIN)/hubscale.test ./test/hubscale/
+	cd test/hubscale && KUBEBUILDER_ASSETS="$$(../../hack/envtest-assets.sh)" nice -n $(BENCH_SCALE_NICE) $(LOCALBIN)/hubscale.test -test.run='^$$' -test.bench=Hub -test.benchtime=1x -test.timeout=60m -test.v
+
 ##@ Build
 
 .PHONY: build
