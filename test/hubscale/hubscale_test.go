@@ -42,6 +42,7 @@ import (
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/hubsync"
 	"github.com/apportion/apportion/internal/testing/builders"
+	"github.com/apportion/apportion/internal/testing/procfs"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -180,7 +181,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = cp.Stop() })
-	procs := children("kube-apiserver", "etcd")
+	procs := procfs.Children("kube-apiserver", "etcd")
 	// The manager as it is installed (dist/install.yaml: --leader-elect), with the hub role. Its
 	// damped rounds are not spaced by default (HUB_MIN_INTERVAL, --sharing-min-interval): with
 	// the manager's 10 s a DemandAware GlobalQuota stops after its first damped round until
@@ -416,7 +417,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	if v := mon.violations.Load(); v > 0 {
 		b.Errorf("%s: Σ of a quota's members' limits above its global limit in %d samples", c, v)
 	}
-	r.rss, r.hwm, _ = procMem(mgr.Pid())
+	r.rss, r.hwm, _ = procfs.Mem(mgr.Pid())
 	if !mgr.Running() {
 		b.Fatalf("the hub manager exited: %v (see %s)", mgr.ExitErr(), mgr.LogPath)
 	}
@@ -586,7 +587,7 @@ type snapshot struct {
 // At a window's start the lists come before the counters, at its end after them: the
 // benchmark's own two lists are never in a window.
 func take(ctx context.Context, cp *harness.ControlPlane, manager int, procs map[string]int, end bool) (snapshot, error) {
-	s := snapshot{load: loadAvg(), rvs: map[string]string{}}
+	s := snapshot{load: procfs.LoadAvg(), rvs: map[string]string{}}
 	if !end {
 		if err := s.list(ctx, cp); err != nil {
 			return s, err
@@ -596,9 +597,9 @@ func take(ctx context.Context, cp *harness.ControlPlane, manager int, procs map[
 		return s, err
 	}
 	s.at = time.Now()
-	s.managerCPU, _ = procCPU(manager)
-	s.apiCPU, _ = procCPU(procs["kube-apiserver"])
-	s.etcCPU, _ = procCPU(procs["etcd"])
+	s.managerCPU, _ = procfs.CPU(manager)
+	s.apiCPU, _ = procfs.CPU(procs["kube-apiserver"])
+	s.etcCPU, _ = procfs.CPU(procs["etcd"])
 	if end {
 		if err := s.list(ctx, cp); err != nil {
 			return s, err

@@ -32,6 +32,7 @@ import (
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
 	"github.com/apportion/apportion/internal/assignment"
+	"github.com/apportion/apportion/internal/testing/procfs"
 	"github.com/apportion/apportion/test/e2e/harness"
 )
 
@@ -344,7 +345,7 @@ func runConfig(b *testing.B, bin *harness.Binaries, c config) result {
 	r.p50, r.p99, r.max = pct(lat, 0.5), pct(lat, 0.99), pct(lat, 1)
 	r.changeCPU, r.changeAPI, r.changePushes = cm.rates()
 	r.statusWritesPerQuotaEvent = float64(cm.api.statusWrites) / float64(events*c.quotas)
-	r.rss, r.hwm, _ = procMem(pid)
+	r.rss, r.hwm, _ = procfs.Mem(pid)
 	if pprofAddr != "" {
 		if r.mem, err = readGoMemory(pprofAddr); err != nil {
 			b.Logf("%s: Go memory figures: %v", c, err)
@@ -371,9 +372,9 @@ type sample struct {
 }
 
 func measure(pid int, p *apiProxy, f *agentFleet, metricsAddr string) sample {
-	cpu, _ := procCPU(pid)
+	cpu, _ := procfs.CPU(pid)
 	puts, gets := f.requests()
-	s := sample{at: time.Now(), cpu: cpu, api: p.snapshot(), puts: puts, gets: gets, load: loadAvg()}
+	s := sample{at: time.Now(), cpu: cpu, api: p.snapshot(), puts: puts, gets: gets, load: procfs.LoadAvg()}
 	s.signed, s.sigs = signCounts(metricsAddr)
 	return s
 }
