@@ -51,9 +51,19 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 		dst[k] = v
 	}
 	w.WriteHeader(res.StatusCode)
+	copyAnswer(w, c, res, dst)
+}
 
-	// Like httputil.ReverseProxy: a body of unknown length (chunked, or up to the close) or an
-	// event stream is flushed as it arrives; any other is written through the server's buffer.
+// copyAnswer writes the body of c's answer res to w, then its trailers into dst (w's header), for
+// HTTP/1.1 and HTTP/2 alike. Like httputil.ReverseProxy, a body of unknown length (chunked, up to
+// the close, or an HTTP/2 stream without content-length) or an event stream is flushed as it
+// arrives; any other is written through the server's buffer. When the app has left (a write
+// fails) it returns: over HTTP/1.1 the rest of the body is unread and the connection closed, over
+// HTTP/2 the app's stream is reset and the upstream's by the call's Close. When the upstream
+// breaks after the header was passed on it cuts the answer (ErrAbortHandler: the server aborts
+// the connection or resets the stream), the only honest signal left to a caller that is not gRPC;
+// a gRPC body that broke ends at EOF, with its status in res.Trailer.
+func copyAnswer(w http.ResponseWriter, c *call, res *http.Response, dst http.Header) {
 	var rc *http.ResponseController
 	if res.ContentLength == -1 || isEventStream(res.Header) {
 		rc = http.NewResponseController(w)
@@ -64,21 +74,16 @@ func (h *Handler) forwardLean(w http.ResponseWriter, r *http.Request, c *call) {
 		n, rerr := c.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the app left; the rest of the body is unread: the connection is closed
+				return
 			}
-			if rc != nil {
-				if rc.Flush() != nil {
-					return
-				}
+			if rc != nil && rc.Flush() != nil {
+				return
 			}
 		}
 		if errors.Is(rerr, io.EOF) {
 			break
 		}
 		if rerr != nil {
-			// The upstream broke after its header was passed on (the client closed its
-			// connection): cut the answer, the only honest signal left (the server aborts the
-			// connection on ErrAbortHandler).
 			panic(http.ErrAbortHandler)
 		}
 	}

@@ -382,36 +382,7 @@ func (h *Handler) forwardH2(w http.ResponseWriter, r *http.Request, c *call) {
 		dst.Add("Trailer", strings.Join(keys, ", "))
 	}
 	w.WriteHeader(res.StatusCode)
-
-	var rc *http.ResponseController
-	if res.ContentLength == -1 || isEventStream(res.Header) {
-		rc = http.NewResponseController(w)
-	}
-	buf := bufferPool.Get()
-	defer bufferPool.Put(buf)
-	for {
-		n, rerr := c.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the app left (its stream is reset); the upstream's is, by Close
-			}
-			if rc != nil && rc.Flush() != nil {
-				return
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break // a gRPC body that broke ends here too, with its status in c.res.Trailer
-		}
-		if rerr != nil {
-			// The upstream broke after its header was passed on: reset the app's stream, the
-			// only honest signal left to a caller that is not gRPC.
-			panic(http.ErrAbortHandler)
-		}
-	}
-	// Trailers, known only now that the body ended, under the TrailerPrefix convention.
-	for k, v := range res.Trailer {
-		dst[http.TrailerPrefix+k] = v
-	}
+	copyAnswer(w, c, res, dst)
 }
 
 // h2Request is the upstream request of the call c, which came as r over HTTP/2: r's header map
