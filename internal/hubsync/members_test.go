@@ -118,16 +118,9 @@ func (c *countingClient) Get(ctx context.Context, key client.ObjectKey, obj clie
 // throughout and its slice is not lowered. A rotation to a kubeconfig that cannot read the hub
 // lets the lease end (the reserved slice), and the next rotation brings it back.
 func TestMembersRotateKubeconfig(t *testing.T) {
-	testenv.SkipWithoutAssets(t)
-	ctrl.SetLogger(logr.Discard())
+	env := startMemberEnv(t)
 	g := NewWithT(t)
-	env, err := testenv.Start(testenv.Options{})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx := t.Context()
-	for _, ns := range []string{"apportion-system", "app", "partners"} {
-		g.Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	}
 	const lease = 3 * time.Second
 	cs := &apportionv1.ClusterSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "partners", Name: SliceName("partner", "eu-1")},
@@ -233,4 +226,20 @@ func TestMembersRotateKubeconfig(t *testing.T) {
 		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), c.Message)
 		g.Expect(got.Status.Global.LeaseUntil.Time).To(BeTemporally(">", time.Now().Add(-time.Second)))
 	}, 10*time.Second, 20*time.Millisecond).Should(Succeed())
+}
+
+// startMemberEnv starts an API server for a test of the member side (skipped without envtest's
+// assets) with the namespaces those tests use: the manager's, the app's and the hub's.
+func startMemberEnv(t *testing.T) *testenv.Env {
+	t.Helper()
+	testenv.SkipWithoutAssets(t)
+	ctrl.SetLogger(logr.Discard())
+	g := NewWithT(t)
+	env, err := testenv.Start(testenv.Options{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = env.Stop() })
+	for _, ns := range []string{"apportion-system", "app", "partners"} {
+		g.Expect(env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	}
+	return env
 }

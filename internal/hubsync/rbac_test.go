@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,7 +19,6 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apportionv1 "github.com/apportion/apportion/api/v1alpha1"
@@ -77,16 +74,9 @@ func as(env *testenv.Env, user string) *rest.Config {
 // SliceLeased: True while they hold their lease, False (HubUnreachable) once a member cut off
 // from the hub lost it, True again after.
 func TestLeastPrivilege(t *testing.T) {
-	testenv.SkipWithoutAssets(t)
-	ctrl.SetLogger(logr.Discard())
+	env := startMemberEnv(t)
 	g := NewWithT(t)
-	env, err := testenv.Start(testenv.Options{})
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx := t.Context()
-	for _, ns := range []string{"apportion-system", "partners", "app"} {
-		g.Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	}
 	applyFile(t, env, "config/hub/hub_role.yaml")
 	for _, c := range []string{"a", "b"} {
 		applyFile(t, env, "config/samples/hub_member_rbac.yaml", "eu-1", c)
