@@ -171,6 +171,8 @@ func get(t *testing.T, url string) (int, string) {
 // call is in flight (readyz goes 503, the call finishes), exit 0.
 func TestAgentBinary(t *testing.T) {
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			<-release
@@ -178,6 +180,9 @@ func TestAgentBinary(t *testing.T) {
 		io.WriteString(w, "upstream:"+r.URL.Path)
 	}))
 	defer up.Close()
+	// Deferred after the upstream's Close so it runs first: a failure before the release must end
+	// the test with its message, not hang in Close waiting for the held handler.
+	defer releaseAll()
 
 	trustDir := t.TempDir()
 	key := assignment.SigningKey{ID: "k1", Private: ed25519.NewKeyFromSeed(bytes.Repeat([]byte("s"), 32))}
@@ -185,7 +190,9 @@ func TestAgentBinary(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(trustDir, key.ID+".pem"), pub, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startAgent(t, "--trust-dir", trustDir, "--pod-namespace", "shop", "--pod-name", "gateway-0", "--drain-timeout", "5s")
+	// The drain and request bounds are far above any step's duration on a busy machine: this test
+	// shows that a call in flight finishes during the drain, not what happens when a bound passes.
+	p := startAgent(t, "--trust-dir", trustDir, "--pod-namespace", "shop", "--pod-name", "gateway-0", "--drain-timeout", "2m")
 	to := assignment.Endpoint{URL: p.ctlURL, Pod: "shop/gateway-0"}
 
 	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
@@ -199,7 +206,7 @@ func TestAgentBinary(t *testing.T) {
 	a := &assignment.Assignment{Instance: first.Instance, Epoch: 1, Generation: 1, LeaseTTL: assignment.Duration(time.Minute),
 		Downstreams: []assignment.Downstream{{
 			Name: "svc", Upstream: up.URL, Permits: 4, SafeDefaultPermits: 1,
-			AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(5 * time.Second),
+			AcquireTimeout: assignment.Duration(100 * time.Millisecond), RequestTimeout: assignment.Duration(2 * time.Minute),
 			Fallback: assignment.Fallback{Action: assignment.ActionReject},
 		}}}
 	st, err := c.Push(context.Background(), to, a)
@@ -238,7 +245,7 @@ func TestAgentBinary(t *testing.T) {
 	}
 
 	// A call in flight, then SIGTERM.
-	slow := make(chan string)
+	slow := make(chan string, 1)
 	go func() {
 		resp, err := http.Get(p.dataURL + "/svc/slow")
 		if err != nil {
@@ -260,8 +267,8 @@ func TestAgentBinary(t *testing.T) {
 	if code, _ := get(t, p.ctlURL+"/readyz"); code != 503 {
 		t.Fatalf("readyz while draining = %d", code)
 	}
-	close(release)
-	if got := <-slow; got != "upstream:/slow" {
+	releaseAll()
+	if got := wait.Recv(t, "the slow call's answer", slow); got != "upstream:/slow" {
 		t.Fatalf("in-flight call during drain = %q", got)
 	}
 	if code := p.wait(t, 10*time.Second); code != 0 {

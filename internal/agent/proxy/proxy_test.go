@@ -387,6 +387,9 @@ func TestBreakerOpensAndHalfOpenProbes(t *testing.T) {
 		<-release
 		io.WriteString(w, "ok")
 	})
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the upstream's Close: a failure must not hang on the held probes
 	clk := clocktesting.NewFakeClock(t0)
 	a := newAgent(t, clk)
 	d := withBreaker(downstream("flaky", up.URL, 50), 4, 2, 30*time.Second)
@@ -434,7 +437,7 @@ func TestBreakerOpensAndHalfOpenProbes(t *testing.T) {
 	if m := c.max.Load(); m != 2 {
 		t.Fatalf("upstream saw %d concurrent probes, want 2", m)
 	}
-	close(release)
+	releaseAll()
 	wg.Wait()
 	close(results)
 	for r := range results {
