@@ -14,18 +14,24 @@
 //  2. the rest of B is shared by water-filling on wantᵢ = max(dᵢ, f): every pod gets
 //     min(wantᵢ, λ) for the highest level λ that fits, and the units that do not make a whole
 //     level go to the pods with the highest want, one each, a tie split by rank (see below);
-//  3. what is left when every want is met is spread equally, and its remainder again to the
-//     highest wants, a tie split by rank.
+//  3. what is left when every want is met lifts the smallest shares to a common level μ (every
+//     pod gets max(wantᵢ, μ) for the highest μ that fits), and its remainder goes to pods at
+//     that level, the highest wants first, a tie split by rank. So where demand fits the budget
+//     the split is the Equal split except for the pods that ask above it: an idle pod keeps the
+//     headroom to absorb its next burst, and a noisy sample cannot leave one pod with its ask
+//     plus a sliver while another sits on idle permits.
 //
 // Guarantees of Target (tested as properties): Σ shares ≤ B, and Σ = B whenever ranks are given
 // and some pod exists; every pod ≥ f when B ≥ n·f; monotone: raising one pod's demand, all else
 // equal, never lowers its share; with equal demand every pod gets ⌊B/n⌋ or ⌊B/n⌋+1, the B mod n
 // units to the pods ranked first — exactly the Equal split of one target (package apportion) with
-// the same ranks. Ties are split by rank only: the units that do not make a whole level go to the
-// highest wants first, and within a group that asks alike to the pods ranked first by
-// apportion.Rank(pod, counter) — a hash that changes only with the slow rotation counter, not
-// with demand, so the odd unit is neither tied to a pod's name nor moved by noise, and over
-// counters each pod of the group gets it in turn. Without ranks (nil) ties are never split and
+// the same ranks; and whenever Σ want ≤ B, every pod gets at least its want, and every pod given
+// more than its want holds μ or μ+1 with no pod below μ (the spare lifts the least). Ties are
+// split by rank only: the units that do not make a whole level go to the highest wants first,
+// and within a group that asks alike to the pods ranked first by apportion.Rank(pod, counter) —
+// a hash that changes only with the slow rotation counter, not with demand, so the odd unit is
+// neither tied to a pod's name nor moved by noise, and over counters each pod of the group gets
+// it in turn. Without ranks (nil) ties are never split and
 // the odd units of a tie group stay unused.
 //
 // Step moves the current split towards the target under three dampers: a pod's share moves only
@@ -76,12 +82,30 @@ func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 		sumWant += want[i]
 	}
 	if sumWant <= budget {
-		// Every want is met; spread what is left equally, the remainder to the highest wants.
-		spare := budget - sumWant
-		for i := range out {
-			out[i] = want[i] + spare/n
+		// Every want is met; the spare lifts the smallest shares to a common level μ, the
+		// highest with Σ max(wantᵢ, μ) ≤ budget, and its remainder goes to pods at that level.
+		// (Not an equal increment on top of each want: that keeps a pod that happened to ask little
+		// at the sample that little above its ask, and its next burst waits while the pod that
+		// asked more sits on idle permits. Sampled demand is noisy; where it fits, the Equal split
+		// is the robust answer, and this is the Equal split wherever no pod asks above it.)
+		// A binary search over [floor, budget]: f(lo) = Σ want ≤ budget, f(hi) > budget (n ≥ 2)
+		// or hi = budget+1 with n = 1.
+		lo, hi := floor, budget+1
+		for hi-lo > 1 {
+			mid := lo + (hi-lo)/2
+			if lift(want, mid) <= budget {
+				lo = mid
+			} else {
+				hi = mid
+			}
 		}
-		giveRemainder(out, want, rank, spare%n, nil)
+		var used int64
+		for i := range out {
+			out[i] = max(want[i], lo)
+			used += out[i]
+		}
+		// Fewer units are left than pods at the level (else lo+1 would fit).
+		giveRemainder(out, want, rank, budget-used, func(i int) bool { return want[i] <= lo })
 		return out
 	}
 	// Water-filling: the highest level λ ≥ floor with Σ min(wantᵢ, λ) ≤ budget. A binary search
@@ -102,6 +126,15 @@ func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 	}
 	giveRemainder(out, want, rank, budget-used, func(i int) bool { return want[i] > lo })
 	return out
+}
+
+// lift is Σ max(wantᵢ, l): the budget the pods take when every share below l is lifted to it.
+func lift(want []int64, l int64) int64 {
+	var s int64
+	for _, w := range want {
+		s += max(w, l)
+	}
+	return s
 }
 
 func level(want []int64, l int64) int64 {

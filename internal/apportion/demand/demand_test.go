@@ -42,8 +42,16 @@ func TestTarget(t *testing.T) {
 			want: []int64{14, 14, 2, 2, 2, 2, 2, 2},
 		},
 		{
-			name: "all wants met: the spare is spread equally, remainder to the highest", budget: 20, floor: 1, demand: []int64{4, 2, 1},
-			want: []int64{9, 6, 5},
+			name: "all wants met: the spare lifts the least to a level, remainder to the highest", budget: 20, floor: 1, demand: []int64{4, 2, 1},
+			want: []int64{7, 7, 6},
+		},
+		{
+			name: "all wants met, one above the level: it keeps its want, the rest share the spare", budget: 40, floor: 1,
+			demand: []int64{12, 3, 1, 0, 2, 4, 1, 0}, want: []int64{12, 4, 4, 4, 4, 4, 4, 4},
+		},
+		{
+			name: "noisy equal load: the Equal split, not each ask plus a sliver", budget: 50, floor: 1,
+			demand: []int64{2, 5, 3, 1, 4, 3, 2, 6}, want: []int64{6, 7, 6, 6, 6, 6, 6, 7},
 		},
 		{
 			name: "remainder never splits a tie", budget: 10, floor: 1, demand: []int64{9, 9, 9},
@@ -55,7 +63,7 @@ func TestTarget(t *testing.T) {
 		},
 		{name: "floor larger than the budget allows: Equal", budget: 7, floor: 3, demand: []int64{10, 0, 0}, want: []int64{3, 2, 2}},
 		{name: "floor 0: idle pods may get nothing", budget: 4, floor: 0, demand: []int64{8, 0, 0, 0}, want: []int64{4, 0, 0, 0}},
-		{name: "negative demand counts as 0", budget: 6, floor: 1, demand: []int64{-5, 4}, want: []int64{1, 5}},
+		{name: "negative demand counts as 0", budget: 6, floor: 1, demand: []int64{-5, 4}, want: []int64{2, 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,6 +164,22 @@ func TestTargetProperties(t *testing.T) {
 			for i, g := range got {
 				if g < floor {
 					t.Fatalf("#%d pod %d got %d < floor %d: Target(%d, %d, %v) = %v", iter, i, g, floor, budget, floor, d, got)
+				}
+			}
+		}
+		// Σ want ≤ budget: every pod gets its want, and the pods given more hold μ or μ+1 with
+		// nobody below μ (the spare lifts the least).
+		if n > 0 && budget >= n*floor {
+			var sumWant int64
+			for _, v := range d {
+				sumWant += max(v, floor)
+			}
+			if sumWant <= budget {
+				least := slices.Min(got)
+				for j, g := range got {
+					if w := max(d[j], floor); g < w || (g > w && g > least+1) {
+						t.Fatalf("#%d pod %d: want %d, got %d, least share %d: Target(%d, %d, %v) = %v", iter, j, w, g, least, budget, floor, d, got)
+					}
 				}
 			}
 		}
