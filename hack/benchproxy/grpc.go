@@ -66,7 +66,8 @@ func serveGRPCUpstream(addr string) error {
 // net/http's h2c server, the request sent on with net/http's HTTP/2 transport (h2c), the answer's
 // header, body (flushed as it arrives) and trailers passed back; no admission, no copies of
 // header maps. The agent's HTTP/2 path is that plus its policy; the distance between the two
-// floors is the HTTP/2 library's share.
+// floors is the HTTP/2 library's share. floor-grpc (floorgrpc.go) is the same on grpc-go's
+// server and client transport instead of net/http's HTTP/2.
 func floorTarget(name, self, upAddr string) target {
 	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
@@ -285,7 +286,8 @@ func runGRPC(o options, self, dir string) error {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, upstream{addr: upAddr}, false, dir, ""))
 	}
 	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir),
-		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr))
+		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr), floorTarget("floor-grpc", self, upAddr),
+		floorTarget("floor-grpc-tuned", self, upAddr))
 	targets = onlyTargets(targets, o.only)
 	fmt.Printf("\ngRPC unary (grpc-go client and upstream): %d rounds; open loop %d calls/s for %v on one connection\n", o.rounds, o.grpcRate, o.open)
 	res := map[string][]result{}
@@ -336,10 +338,17 @@ func runGRPC(o options, self, dir string) error {
 			verdict = "NOT met"
 		}
 		fmt.Printf("target: the agent adds at most %.0f µs at p50 to a gRPC unary call: %s (median %.0f µs)\n", grpcTargetP50, verdict, s[len(s)/2])
-		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2"} {
+		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2", "floor-grpc"} {
 			if b, ok := added[other]; ok {
 				fmt.Printf("agent / %s (gRPC): CPU %s×, added p50 %s×\n", other, ratios(cpu["agent"], cpu[other]), ratios(a, b))
 			}
+		}
+	}
+	for _, f := range []string{"floor-grpc", "floor-grpc-tuned"} {
+		g, ok := added[f]
+		if h, hok := added["floor-h2"]; ok && hok {
+			// The two libraries' floors: grpc-go's transport against net/http's HTTP/2.
+			fmt.Printf("%s / floor-h2: CPU %s×, added p50 %s×\n", f, ratios(cpu[f], cpu["floor-h2"]), ratios(g, h))
 		}
 	}
 	return nil
