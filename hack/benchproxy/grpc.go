@@ -40,6 +40,15 @@ func (rawCodec) Name() string { return "raw" }
 
 // serveGRPCUpstream serves grpcMethod on addr; it returns only when it cannot serve.
 func serveGRPCUpstream(addr string) error {
+	ln, err := listen(addr)
+	if err != nil {
+		return err
+	}
+	return newGRPCUpstream().Serve(ln)
+}
+
+// newGRPCUpstream returns the upstream's server, to be served: grpcMethod answers at once.
+func newGRPCUpstream() *grpc.Server {
 	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "bench.B",
@@ -52,11 +61,7 @@ func serveGRPCUpstream(addr string) error {
 			return &in, nil
 		}}},
 	}, nil)
-	ln, err := listen(addr)
-	if err != nil {
-		return err
-	}
-	return srv.Serve(ln)
+	return srv
 }
 
 // The floors of the arrangement: what any proxy adds, run like the agent (this binary's own
@@ -102,16 +107,22 @@ func serveTCPRelay(addr, upAddr string) error {
 }
 
 // serveH2Null serves h2c on addr and forwards every request to upAddr over h2c, as little as an
-// HTTP/2 proxy can do with the library (see floorTarget).
+// HTTP/2 proxy can do with the library (see floorTarget and newH2Null).
 func serveH2Null(addr, upAddr string) error {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{Protocols: &p, DisableCompression: true}
 	ln, err := listen(addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newH2Null(upAddr).Serve(ln)
+}
+
+// newH2Null returns floor-h2's server, to be served: h2c in, every request forwarded to upAddr
+// over h2c.
+func newH2Null(upAddr string) *http.Server {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DisableCompression: true}
+	return &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.URL.Scheme, r.URL.Host, r.Host, r.RequestURI = "http", upAddr, "", ""
 		if r.ContentLength == 0 {
 			r.Body = nil
@@ -147,7 +158,6 @@ func serveH2Null(addr, upAddr string) error {
 			h[http.TrailerPrefix+k] = v
 		}
 	})}
-	return srv.Serve(ln)
 }
 
 func grpcNginxTarget(upAddr, dir string) target {
