@@ -19,7 +19,8 @@
 // (proto h2) and nginx (grpc_pass): added p50 and p99, CPU per 1,000 calls/s, and the agent's
 // target of at most 150 µs added at p50. Beside them three floors of the arrangement, run like
 // the agent: floor-tcp (a byte relay, no HTTP/2), floor-h2 (a do-nothing HTTP/2 proxy on
-// net/http's HTTP/2) and floor-grpc (a do-nothing gRPC proxy on grpc-go's transport): what any
+// net/http's HTTP/2) and floor-grpc (a do-nothing gRPC proxy on grpc-go's transport; and
+// floor-grpc-tuned, the same with static flow-control windows and no client retries): what any
 // proxy, and any HTTP/2 or gRPC proxy in Go on each library, adds here. -grpc-procs 2 adds the
 // agent with GOMAXPROCS=2, allowed every CPU (as -agent-procs).
 //
@@ -130,7 +131,7 @@ func run() error {
 	flag.IntVar(&o.conns, "conns", 64, "closed-loop connections")
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
-	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN)")
+	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN; gRPC: floor-tcp,floor-h2,floor-grpc,floor-grpc-tuned)")
 	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
 	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
 	flag.BoolVar(&o.tls, "tls", true, "also measure https origination (agent-tls, haproxy-tls, nginx-tls)")
