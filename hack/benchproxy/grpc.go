@@ -40,6 +40,15 @@ func (rawCodec) Name() string { return "raw" }
 
 // serveGRPCUpstream serves grpcMethod on addr; it returns only when it cannot serve.
 func serveGRPCUpstream(addr string) error {
+	ln, err := listen(addr)
+	if err != nil {
+		return err
+	}
+	return newGRPCUpstream().Serve(ln)
+}
+
+// newGRPCUpstream returns the upstream's server, to be served: grpcMethod answers at once.
+func newGRPCUpstream() *grpc.Server {
 	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "bench.B",
@@ -52,11 +61,7 @@ func serveGRPCUpstream(addr string) error {
 			return &in, nil
 		}}},
 	}, nil)
-	ln, err := listen(addr)
-	if err != nil {
-		return err
-	}
-	return srv.Serve(ln)
+	return srv
 }
 
 // The floors of the arrangement: what any proxy adds, run like the agent (this binary's own
@@ -66,7 +71,8 @@ func serveGRPCUpstream(addr string) error {
 // net/http's h2c server, the request sent on with net/http's HTTP/2 transport (h2c), the answer's
 // header, body (flushed as it arrives) and trailers passed back; no admission, no copies of
 // header maps. The agent's HTTP/2 path is that plus its policy; the distance between the two
-// floors is the HTTP/2 library's share.
+// floors is the HTTP/2 library's share. floor-grpc (floorgrpc.go) is the same on grpc-go's
+// server and client transport instead of net/http's HTTP/2.
 func floorTarget(name, self, upAddr string) target {
 	return target{name: name, start: func(cpu string) (string, *exec.Cmd, error) {
 		addr := freeAddr()
@@ -101,16 +107,22 @@ func serveTCPRelay(addr, upAddr string) error {
 }
 
 // serveH2Null serves h2c on addr and forwards every request to upAddr over h2c, as little as an
-// HTTP/2 proxy can do with the library (see floorTarget).
+// HTTP/2 proxy can do with the library (see floorTarget and newH2Null).
 func serveH2Null(addr, upAddr string) error {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{Protocols: &p, DisableCompression: true}
 	ln, err := listen(addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newH2Null(upAddr).Serve(ln)
+}
+
+// newH2Null returns floor-h2's server, to be served: h2c in, every request forwarded to upAddr
+// over h2c.
+func newH2Null(upAddr string) *http.Server {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DisableCompression: true}
+	return &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.URL.Scheme, r.URL.Host, r.Host, r.RequestURI = "http", upAddr, "", ""
 		if r.ContentLength == 0 {
 			r.Body = nil
@@ -146,7 +158,6 @@ func serveH2Null(addr, upAddr string) error {
 			h[http.TrailerPrefix+k] = v
 		}
 	})}
-	return srv.Serve(ln)
 }
 
 func grpcNginxTarget(upAddr, dir string) target {
@@ -285,7 +296,8 @@ func runGRPC(o options, self, dir string) error {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, upstream{addr: upAddr}, false, dir, ""))
 	}
 	targets = append(targets, grpcHAProxyTarget(upAddr, dir), grpcNginxTarget(upAddr, dir),
-		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr))
+		floorTarget("floor-tcp", self, upAddr), floorTarget("floor-h2", self, upAddr), floorTarget("floor-grpc", self, upAddr),
+		floorTarget("floor-grpc-tuned", self, upAddr))
 	targets = onlyTargets(targets, o.only)
 	fmt.Printf("\ngRPC unary (grpc-go client and upstream): %d rounds; open loop %d calls/s for %v on one connection\n", o.rounds, o.grpcRate, o.open)
 	res := map[string][]result{}
@@ -336,10 +348,17 @@ func runGRPC(o options, self, dir string) error {
 			verdict = "NOT met"
 		}
 		fmt.Printf("target: the agent adds at most %.0f µs at p50 to a gRPC unary call: %s (median %.0f µs)\n", grpcTargetP50, verdict, s[len(s)/2])
-		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2"} {
+		for _, other := range []string{"haproxy", "nginx", "agent-before", "floor-h2", "floor-grpc"} {
 			if b, ok := added[other]; ok {
 				fmt.Printf("agent / %s (gRPC): CPU %s×, added p50 %s×\n", other, ratios(cpu["agent"], cpu[other]), ratios(a, b))
 			}
+		}
+	}
+	for _, f := range []string{"floor-grpc", "floor-grpc-tuned"} {
+		g, ok := added[f]
+		if h, hok := added["floor-h2"]; ok && hok {
+			// The two libraries' floors: grpc-go's transport against net/http's HTTP/2.
+			fmt.Printf("%s / floor-h2: CPU %s×, added p50 %s×\n", f, ratios(cpu[f], cpu["floor-h2"]), ratios(g, h))
 		}
 	}
 	return nil

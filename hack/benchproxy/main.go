@@ -17,9 +17,11 @@
 // Then gRPC (grpc.go): unary calls of grpc-go's client at -grpc-rate calls/s on one
 // connection, to a grpc-go upstream directly, through the agent (h2c both ways), HAProxy
 // (proto h2) and nginx (grpc_pass): added p50 and p99, CPU per 1,000 calls/s, and the agent's
-// target of at most 150 µs added at p50. Beside them two floors of the arrangement, run like
-// the agent: floor-tcp (a byte relay, no HTTP/2) and floor-h2 (a do-nothing HTTP/2 proxy in
-// library code): what any proxy, and any HTTP/2 proxy in Go, adds here. -grpc-procs 2 adds the
+// target of at most 150 µs added at p50. Beside them three floors of the arrangement, run like
+// the agent: floor-tcp (a byte relay, no HTTP/2), floor-h2 (a do-nothing HTTP/2 proxy on
+// net/http's HTTP/2) and floor-grpc (a do-nothing gRPC proxy on grpc-go's transport; and
+// floor-grpc-tuned, the same with static flow-control windows and no client retries): what any
+// proxy, and any HTTP/2 or gRPC proxy in Go on each library, adds here. -grpc-procs 2 adds the
 // agent with GOMAXPROCS=2, allowed every CPU (as -agent-procs).
 //
 // https origination (-tls, on by default): the same upstream process also serves TLS (a CA and
@@ -73,10 +75,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, serveUpstream(os.Args[2:])) // it returns only when it fails
 		os.Exit(1)
 	}
-	if len(os.Args) > 3 && (os.Args[1] == "floor-tcp" || os.Args[1] == "floor-h2") {
+	if len(os.Args) > 3 && strings.HasPrefix(os.Args[1], "floor-") {
 		serve := serveTCPRelay
-		if os.Args[1] == "floor-h2" {
+		switch os.Args[1] {
+		case "floor-h2":
 			serve = serveH2Null
+		case "floor-grpc", "floor-grpc-tuned":
+			serve = func(addr, upAddr string) error { return serveGRPCNull(addr, upAddr, os.Args[1] == "floor-grpc-tuned") }
 		}
 		fmt.Fprintln(os.Stderr, serve(os.Args[2], os.Args[3])) // it returns only when it fails
 		os.Exit(1)
@@ -126,7 +131,7 @@ func run() error {
 	flag.IntVar(&o.conns, "conns", 64, "closed-loop connections")
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
-	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN)")
+	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN; gRPC: floor-tcp,floor-h2,floor-grpc,floor-grpc-tuned)")
 	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
 	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
 	flag.BoolVar(&o.tls, "tls", true, "also measure https origination (agent-tls, haproxy-tls, nginx-tls)")
