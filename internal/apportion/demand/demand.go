@@ -88,17 +88,9 @@ func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 		// at the sample that little above its ask, and its next burst waits while the pod that
 		// asked more sits on idle permits. Sampled demand is noisy; where it fits, the Equal split
 		// is the robust answer, and this is the Equal split wherever no pod asks above it.)
-		// A binary search over [floor, budget]: f(lo) = Σ want ≤ budget, f(hi) > budget (n ≥ 2)
-		// or hi = budget+1 with n = 1.
-		lo, hi := floor, budget+1
-		for hi-lo > 1 {
-			mid := lo + (hi-lo)/2
-			if lift(want, mid) <= budget {
-				lo = mid
-			} else {
-				hi = mid
-			}
-		}
+		// Σ max(want, floor) = Σ want ≤ budget, and budget+1 does not fit (n ≥ 2) or is past
+		// the end (n = 1).
+		lo := highest(floor, budget+1, func(l int64) bool { return lift(want, l) <= budget })
 		var used int64
 		for i := range out {
 			out[i] = max(want[i], lo)
@@ -108,17 +100,9 @@ func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 		giveRemainder(out, want, rank, budget-used, func(i int) bool { return want[i] <= lo })
 		return out
 	}
-	// Water-filling: the highest level λ ≥ floor with Σ min(wantᵢ, λ) ≤ budget. A binary search
-	// over [floor, max want].
-	lo, hi := floor, slices.Max(want) // Σ min(want, lo) ≤ budget; Σ min(want, hi) > budget
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if level(want, mid) <= budget {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
+	// Water-filling: the highest level λ ≥ floor with Σ min(wantᵢ, λ) ≤ budget (Σ min(want,
+	// floor) ≤ budget; Σ min(want, max want) = Σ want > budget).
+	lo := highest(floor, slices.Max(want), func(l int64) bool { return level(want, l) <= budget })
 	var used int64
 	for i := range out {
 		out[i] = min(want[i], lo)
@@ -126,6 +110,20 @@ func Target(budget, floor int64, demand []int64, rank []uint64) []int64 {
 	}
 	giveRemainder(out, want, rank, budget-used, func(i int) bool { return want[i] > lo })
 	return out
+}
+
+// highest is the highest l in [lo, hi) for which fits holds, by binary search: fits(lo) must
+// hold, fits must be monotone (true up to some level, false above), and hi is taken not to fit.
+func highest(lo, hi int64, fits func(int64) bool) int64 {
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // lift is Σ max(wantᵢ, l): the budget the pods take when every share below l is lifted to it.
