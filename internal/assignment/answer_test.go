@@ -104,6 +104,8 @@ func TestDecodeAnswerAsUnmarshal(t *testing.T) {
 		// escaped in strings, brackets in strings and names.
 		`{"instance":"\\","downstreams":[{"name":"\"[{","breaker":"\\\"}]"}],"[{\"":"\\\\"}`,
 		`{"switches":[{"name":"ns/\u003c\u0022\u005c","expiresAt":"2030-01-02T15:04:05Z"}]}`,
+		// Per-second counts: the fast path's integers and what it leaves to the generic path.
+		`{"downstreams":[{"seconds":[0,1,-0,2147483647,-2147483648, 7 ,null]}]}`,
 	}
 	for _, s := range states {
 		var want *State
@@ -147,6 +149,22 @@ func TestDecodeAnswerAsUnmarshal(t *testing.T) {
 	}
 }
 
+// A per-second count that is not a 32-bit integer is refused, as encoding/json refuses it: the
+// fast path of boundedInt32s takes only what it can parse whole and leaves the rest to the
+// generic decoder.
+func TestDecodeSecondsRefusedAsUnmarshal(t *testing.T) {
+	for _, elem := range []string{`1.5`, `1e2`, `2147483648`, `-2147483649`, `"1"`, `true`, `[]`, `{}`} {
+		in := `{"downstreams":[{"seconds":[3,` + elem + `]}]}`
+		var want State
+		if err := json.Unmarshal([]byte(in), &want); err == nil {
+			t.Fatalf("json.Unmarshal(%s) accepted it: the case is not a refusal", in)
+		}
+		if got, err := decodeState(strings.NewReader(in)); err == nil {
+			t.Fatalf("decodeState(%s) = %+v, want a refusal as json.Unmarshal's", in, got)
+		}
+	}
+}
+
 // Every list and map is refused one element beyond its bound (and accepted at it), a bounded
 // member given twice is refused, and so are malformed, trailing and too deeply nested data.
 func TestDecodeAnswerBounds(t *testing.T) {
@@ -173,6 +191,8 @@ func TestDecodeAnswerBounds(t *testing.T) {
 		{"rejected", `{"downstreams":[{"rejected":` + obj(MaxRejectedReasons) + `}]}`, `{"downstreams":[{"rejected":` + obj(MaxRejectedReasons+1) + `}]}`, `"/downstreams/0/rejected": more than 8 members`},
 		{"lane rejected", `{"downstreams":[{"lanes":[{"rejected":` + obj(MaxRejectedReasons) + `}]}]}`, `{"downstreams":[{"lanes":[{"rejected":` + obj(MaxRejectedReasons+1) + `}]}]}`, `"/downstreams/0/lanes/0/rejected": more than 8 members`},
 		{"rejected repeats", `{"downstreams":[{"rejected":{"a":1,"a":2}}]}`, `{"downstreams":[{"rejected":{` + strings.TrimSuffix(strings.Repeat(`"a":1,`, MaxRejectedReasons+1), ",") + `}}]}`, "more than 8 members"},
+		{"seconds", `{"downstreams":[{"seconds":` + list(MaxSecondCounts, `1`) + `}]}`, `{"downstreams":[{"seconds":` + list(MaxSecondCounts+1, `1`) + `}]}`, `"/downstreams/0/seconds": more than 60 elements`},
+		{"seconds twice", `{"downstreams":[{"seconds":[]}]}`, `{"downstreams":[{"seconds":[],"seconds":[]}]}`, "given twice"},
 		{"twice", `{"downstreams":[],"capabilities":[]}`, `{"downstreams":[],"downstreams":[]}`, `"/downstreams": given twice`},
 		{"twice without case", `{"downstreams":null,"Downstreams":[]}`, `{"downstreams":[{}],"DOWNSTREAMS":[{}]}`, "given twice"},
 	} {

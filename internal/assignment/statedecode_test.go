@@ -20,6 +20,7 @@ func realisticState() State {
 		Downstreams: []DownstreamState{
 			{Name: "payments", Permits: 12, EffectivePermits: 12, Limit: 12, InFlight: 3, Breaker: "closed",
 				Requests: 18734512, Upstream429: 214, Rejected: map[string]int64{"queue-full": 1290, "timeout": 37},
+				SecondsEnd: at.Unix(), Seconds: secondCounts(),
 				Lanes: []LaneState{
 					{Name: "interactive", Reserved: 8, InFlight: 2, Borrowed: 1, Rejected: map[string]int64{"queue-full": 12}},
 					{Name: "batch", Reserved: 2, InFlight: 1, Waiting: 4, Rejected: map[string]int64{"queue-full": 1278, "timeout": 37}},
@@ -31,6 +32,16 @@ func realisticState() State {
 		},
 		Switches: []SwitchState{{Name: "checkout/shed-batch", Active: true, ExpiresAt: at.Add(10 * time.Minute)}},
 	}
+}
+
+// secondCounts is a minute of per-second call counts, as an agent reports them with every
+// answer (MaxSecondCounts).
+func secondCounts() []int32 {
+	out := make([]int32, MaxSecondCounts)
+	for i := range out {
+		out[i] = int32(380 + (i*37)%90)
+	}
+	return out
 }
 
 // BenchmarkStateDecode: decoding the realistic State, about 1 KiB, as the manager does once
