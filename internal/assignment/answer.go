@@ -143,6 +143,34 @@ var errGivenTwice = errors.New("given twice")
 // boundedList decodes a []T of at most limit elements. Its errors are reported with the JSON
 // pointer of the list.
 func boundedList[T any](limit int) *jsonv2.Unmarshalers {
+	return boundedListOf(limit, 0, func(dec *jsontext.Decoder, v *T) error { return jsonv2.UnmarshalDecode(dec, v) })
+}
+
+// boundedInt32s is boundedList[int32] with a fast path for the elements: a plain integer in
+// range is parsed from the number token itself. An agent reports MaxSecondCounts of them per
+// downstream in every answer, and the generic path's per-element UnmarshalDecode (an arshaler
+// lookup each) was 7 % of an idle manager's CPU at 1,000 pods (docs/benchmarks.md). Any other
+// element (a fraction, an exponent, out of range, null, a string) is decoded by the generic
+// path, from its raw value, with the answer's options: the same value, or the same refusal, as
+// encoding/json.
+func boundedInt32s(limit int) *jsonv2.Unmarshalers {
+	return boundedListOf(limit, limit, func(dec *jsontext.Decoder, v *int32) error {
+		raw, err := dec.ReadValue()
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.ParseInt(string(raw), 10, 32); err == nil {
+			*v = int32(n)
+			return nil
+		}
+		return jsonv2.Unmarshal(raw, v, answerOptions)
+	})
+}
+
+// boundedListOf decodes a []T of at most limit elements with elem, a list given twice or
+// beyond the bound refused before its element is allocated; capacity is what the list is made
+// with (a list of known size is not grown by appends).
+func boundedListOf[T any](limit, capacity int, elem func(*jsontext.Decoder, *T) error) *jsonv2.Unmarshalers {
 	return jsonv2.UnmarshalFromFunc(func(dec *jsontext.Decoder, v *[]T) error {
 		switch dec.PeekKind() {
 		case jsontext.KindNull:
@@ -159,63 +187,15 @@ func boundedList[T any](limit int) *jsonv2.Unmarshalers {
 		if _, err := dec.ReadToken(); err != nil {
 			return err
 		}
-		*v = []T{}
+		*v = make([]T, 0, capacity)
 		for dec.PeekKind() != jsontext.KindEndArray {
 			if len(*v) == limit {
 				return fmt.Errorf("more than %d elements", limit)
 			}
 			*v = append(*v, *new(T))
-			if err := jsonv2.UnmarshalDecode(dec, &(*v)[len(*v)-1]); err != nil {
+			if err := elem(dec, &(*v)[len(*v)-1]); err != nil {
 				return err
 			}
-		}
-		_, err := dec.ReadToken()
-		return err
-	})
-}
-
-// boundedInt32s is boundedList[int32] with a fast path for the elements: a plain integer in
-// range is parsed from the number token itself. An agent reports MaxSecondCounts of them per
-// downstream in every answer, and the generic path's per-element UnmarshalDecode (an arshaler
-// lookup each) was an eighth of an idle manager's CPU at 1,000 pods (docs/benchmarks.md). Any
-// other element (a fraction, an exponent, out of range, null, a string) is decoded by the
-// generic path, from its raw value, with the answer's options: the same value, or the same
-// refusal, as encoding/json.
-func boundedInt32s(limit int) *jsonv2.Unmarshalers {
-	return jsonv2.UnmarshalFromFunc(func(dec *jsontext.Decoder, v *[]int32) error {
-		switch dec.PeekKind() {
-		case jsontext.KindNull:
-			_, err := dec.ReadToken()
-			*v = nil
-			return err
-		case jsontext.KindBeginArray:
-		default:
-			return errors.ErrUnsupported
-		}
-		if *v != nil {
-			return errGivenTwice
-		}
-		if _, err := dec.ReadToken(); err != nil {
-			return err
-		}
-		*v = make([]int32, 0, min(limit, 64))
-		for dec.PeekKind() != jsontext.KindEndArray {
-			if len(*v) == limit {
-				return fmt.Errorf("more than %d elements", limit)
-			}
-			raw, err := dec.ReadValue()
-			if err != nil {
-				return err
-			}
-			if n, err := strconv.ParseInt(string(raw), 10, 32); err == nil {
-				*v = append(*v, int32(n))
-				continue
-			}
-			var n int32
-			if err := jsonv2.Unmarshal(raw, &n, answerOptions); err != nil {
-				return err
-			}
-			*v = append(*v, n)
 		}
 		_, err := dec.ReadToken()
 		return err
