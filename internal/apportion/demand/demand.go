@@ -31,8 +31,8 @@
 // and within a group that asks alike to the pods ranked first by apportion.Rank(pod, counter) —
 // a hash that changes only with the slow rotation counter, not with demand, so the odd unit is
 // neither tied to a pod's name nor moved by noise, and over counters each pod of the group gets
-// it in turn. Without ranks (nil) ties are never split and
-// the odd units of a tie group stay unused.
+// it in turn. Without ranks (nil) ties are never split and the odd units of a tie group stay
+// unused.
 //
 // Step moves the current split towards the target under three dampers: a pod's share moves only
 // when its target differs by more than a dead band (hysteresis), no more than MaxMove permits
