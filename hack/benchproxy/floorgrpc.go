@@ -60,9 +60,10 @@ func serveGRPCNull(addr, upAddr string, tuned bool) error {
 }
 
 // newGRPCNull returns the do-nothing gRPC proxy to upAddr, to be served, and what closes its
-// upstream connection once it stopped. Tuned (floor-grpc-tuned) adds what a proxy on grpc-go can set beyond the defaults:
-// static flow-control windows of 1 MiB on both sides (no BDP pings of its own) and no client
-// retries (grpc-go otherwise keeps each call's messages for a replay until the call commits).
+// upstream connection once it stopped. Tuned (floor-grpc-tuned) adds what a proxy on grpc-go
+// can set beyond the defaults: static flow-control windows of 1 MiB on both sides (no BDP
+// pings of its own) and no client retries (grpc-go otherwise keeps each call's messages for a
+// replay until the call commits).
 // BENCH_GRPC_WORKERS=n adds a pool of n stream workers instead of a goroutine per stream.
 func newGRPCNull(upAddr string, tuned bool) (*grpc.Server, func() error, error) {
 	const window = 1 << 20
