@@ -8,7 +8,10 @@
 // an open loop at -rate calls/s, minus those of the direct calls in the same round), its CPU
 // time per 1,000 calls/s over that loop (the sum of its threads' /proc/<pid>/task/*/schedstat),
 // and the rate a closed loop of -conns connections reaches through it. Then per proxy the
-// median and range over the rounds, and the agent's ratios to each other proxy.
+// median and range over the rounds, and the agent's ratios to each other proxy. Beside the
+// proxies two floors, run like the agent (this binary's subcommands, GOMAXPROCS=1, on the
+// proxies' CPU): floor-h1 (floorh1.go), a do-nothing HTTP/1.1 proxy on Go's poller, and
+// floor-tcp, a byte relay: what any proxy in Go costs here before it does anything.
 //
 // The load generator speaks raw HTTP/1.1 over kept-alive connections (a request line, a
 // Host, the answer's head and Content-Length body): its cost per call is a fraction of a
@@ -78,6 +81,8 @@ func main() {
 	if len(os.Args) > 3 && strings.HasPrefix(os.Args[1], "floor-") {
 		serve := serveTCPRelay
 		switch os.Args[1] {
+		case "floor-h1":
+			serve = serveH1Relay
 		case "floor-h2":
 			serve = serveH2Null
 		case "floor-grpc", "floor-grpc-tuned":
@@ -131,7 +136,7 @@ func run() error {
 	flag.IntVar(&o.conns, "conns", 64, "closed-loop connections")
 	flag.StringVar(&o.proxyCPU, "proxy-cpu", "1", "the CPU each proxy runs on (taskset -c)")
 	flag.StringVar(&o.loadCPU, "load-cpu", "0", "the CPU of the upstream (taskset -c); run this command on it too")
-	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN; gRPC: floor-tcp,floor-h2,floor-grpc,floor-grpc-tuned)")
+	flag.StringVar(&o.only, "only", "", "measure only these proxies (comma-separated: agent,agent-before,haproxy,nginx, agent-tls,haproxy-tls,nginx-tls, agent-gmpN, floor-h1,floor-tcp; gRPC: floor-tcp,floor-h2,floor-grpc,floor-grpc-tuned)")
 	flag.StringVar(&o.protocols, "protocols", "http,grpc", "what to measure (comma-separated: http, grpc)")
 	flag.IntVar(&o.grpcRate, "grpc-rate", 1000, "gRPC open-loop calls per second")
 	flag.BoolVar(&o.tls, "tls", true, "also measure https origination (agent-tls, haproxy-tls, nginx-tls)")
@@ -199,7 +204,8 @@ func runHTTP(o options, self, dir string) error {
 	if o.agentBefore != "" {
 		targets = append(targets, agentTarget("agent-before", o.agentBefore, ups, false, dir, ""))
 	}
-	targets = append(targets, haproxyTarget(ups, false, dir), nginxTarget(ups, false, dir))
+	targets = append(targets, haproxyTarget(ups, false, dir), nginxTarget(ups, false, dir),
+		floorTarget("floor-h1", self, upAddr), floorTarget("floor-tcp", self, upAddr))
 	if o.tls {
 		targets = append(targets, agentTarget("agent-tls", o.agent, ups, true, dir, ""),
 			haproxyTarget(ups, true, dir), nginxTarget(ups, true, dir))
@@ -431,7 +437,8 @@ func orphanKill() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: 
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// report prints, per proxy, the median and range over the rounds, and the agent's ratios.
+// report prints, per proxy, the median and range over the rounds, and the agent's ratios (and
+// the floors' to HAProxy).
 func report(res map[string][]result, targets []target) {
 	direct := res["direct"]
 	type summary struct{ addP50, addP99, cpu, rate []float64 }
@@ -460,7 +467,8 @@ func report(res map[string][]result, targets []target) {
 			vs = append(vs, [2]string{agent, other})
 		}
 	}
-	vs = append(vs, [2]string{"agent-tls", "haproxy-tls"}, [2]string{"agent-tls", "nginx-tls"}, [2]string{"agent-tls", "agent"})
+	vs = append(vs, [2]string{"agent", "floor-h1"}, [2]string{"floor-h1", "haproxy"}, [2]string{"floor-tcp", "haproxy"},
+		[2]string{"agent-tls", "haproxy-tls"}, [2]string{"agent-tls", "nginx-tls"}, [2]string{"agent-tls", "agent"})
 	for _, t := range targets {
 		if strings.HasPrefix(t.name, "agent-gmp") {
 			vs = append(vs, [2]string{t.name, "agent"})
