@@ -23,12 +23,18 @@ func serveH1Relay(addr, upAddr string) error {
 	if err != nil {
 		return err
 	}
+	return serveEach(ln, func(c net.Conn) { relayH1(c, upAddr) })
+}
+
+// serveEach serves every connection ln accepts with handle, each on a goroutine of its own, until
+// ln fails (closed).
+func serveEach(ln net.Listener, handle func(net.Conn)) error {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		go relayH1(c, upAddr)
+		go handle(c)
 	}
 }
 

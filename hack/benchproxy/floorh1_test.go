@@ -22,15 +22,7 @@ func TestFloorH1PassesCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go relayH1(c, upLn.Addr().String())
-		}
-	}()
+	go func() { _ = serveEach(ln, func(c net.Conn) { relayH1(c, upLn.Addr().String()) }) }()
 	cl := newClient(ln.Addr().String())
 	t.Cleanup(cl.close)
 	for i := range 5 {

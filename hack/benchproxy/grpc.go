@@ -88,22 +88,16 @@ func serveTCPRelay(addr, upAddr string) error {
 	if err != nil {
 		return err
 	}
-	for {
-		c, err := ln.Accept()
+	return serveEach(ln, func(c net.Conn) {
+		defer func() { _ = c.Close() }()
+		u, err := net.Dial("tcp", upAddr)
 		if err != nil {
-			return err
+			return
 		}
-		go func() {
-			defer func() { _ = c.Close() }()
-			u, err := net.Dial("tcp", upAddr)
-			if err != nil {
-				return
-			}
-			defer func() { _ = u.Close() }()
-			go func() { _, _ = io.Copy(u, c) }()
-			_, _ = io.Copy(c, u)
-		}()
-	}
+		defer func() { _ = u.Close() }()
+		go func() { _, _ = io.Copy(u, c) }()
+		_, _ = io.Copy(c, u)
+	})
 }
 
 // serveH2Null serves h2c on addr and forwards every request to upAddr over h2c, as little as an
