@@ -797,30 +797,24 @@ func serveUpstream(args []string) error {
 
 func serveOn(ln net.Listener) error {
 	const answer = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return err
-		}
-		go func() {
-			defer func() { _ = c.Close() }()
-			br := bufio.NewReaderSize(c, 4096)
+	return serveEach(ln, func(c net.Conn) {
+		defer func() { _ = c.Close() }()
+		br := bufio.NewReaderSize(c, 4096)
+		for {
 			for {
-				for {
-					line, err := br.ReadSlice('\n')
-					if err != nil {
-						return
-					}
-					if len(line) <= 2 {
-						break
-					}
-				}
-				if _, err := io.WriteString(c, answer); err != nil {
+				line, err := br.ReadSlice('\n')
+				if err != nil {
 					return
 				}
+				if len(line) <= 2 {
+					break
+				}
 			}
-		}()
-	}
+			if _, err := io.WriteString(c, answer); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // nginxHead is the start of an nginx configuration of one worker in the foreground whose files
