@@ -348,11 +348,12 @@ func runGRPC(o options, self, dir string) error {
 			}
 		}
 	}
-	for _, f := range []string{"floor-grpc", "floor-grpc-tuned"} {
-		g, ok := added[f]
-		if h, hok := added["floor-h2"]; ok && hok {
-			// The two libraries' floors: grpc-go's transport against net/http's HTTP/2.
-			fmt.Printf("%s / floor-h2: CPU %s×, added p50 %s×\n", f, ratios(cpu[f], cpu["floor-h2"]), ratios(g, h))
+	// The two libraries' floors: grpc-go's transport against net/http's HTTP/2.
+	if h, ok := added["floor-h2"]; ok {
+		for _, f := range []string{"floor-grpc", "floor-grpc-tuned"} {
+			if g, ok := added[f]; ok {
+				fmt.Printf("%s / floor-h2: CPU %s×, added p50 %s×\n", f, ratios(cpu[f], cpu["floor-h2"]), ratios(g, h))
+			}
 		}
 	}
 	return nil
